@@ -1,0 +1,15 @@
+# The two commands of the README. Both set up .venv first (quick when it is already set up).
+PY := .venv/bin/python
+
+.PHONY: setup run test
+
+setup:
+	bash scripts/setup.sh
+
+# The main job: the identity check of the scheduler chapter on the embedded model.
+run: setup
+	$(PY) -m nano_engine
+
+# Every test: unit and property tests, the judge's self-checks, the notebooks under strict nbval.
+test: setup
+	$(PY) -m pytest -n 2 tests

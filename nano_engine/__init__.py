@@ -1,0 +1,18 @@
+"""nano_engine: a teaching LLM inference engine after vLLM V1.
+
+One token budget per step, chunked prefill, recompute preemption, a paged KV cache with prefix
+caching, serving a real chat model on a CPU. The names a notebook needs are exported here.
+"""
+
+from .engine import EngineConfig, LLMEngine, StepRecord
+from .mini_llm import ModelConfig, Transformer, generate
+from .paged import BlockPool, PagedKVCache
+from .request import Request, RequestStatus, SamplingParams
+from .runner import Batch, ModelRunner, SeqChunk, build_batch
+from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+
+__all__ = [
+    "Batch", "BlockPool", "EngineConfig", "LLMEngine", "ModelConfig", "ModelRunner", "PagedKVCache",
+    "Request", "RequestStatus", "SamplingParams", "Scheduler", "SchedulerConfig", "SchedulerOutput",
+    "SeqChunk", "StepRecord", "Transformer", "build_batch", "generate",
+]

@@ -1,0 +1,291 @@
+"""mini_llm: a decoder-only Transformer for the Llama, Qwen2 and Qwen3 families, from scratch.
+
+The whole model in one file, in reading order: config, RMSNorm, rotary embedding, grouped-query
+attention, SwiGLU MLP, the block, the model, and `generate`, the single-request reference that
+every engine result is compared with, token for token.
+
+Tokens are flat, as in vLLM: a forward pass takes `input_ids` of shape (T,) and their `positions`
+(T,), never a padded (B, T) batch. Attention is the only place where tokens of different requests
+must not mix, so the model does not decide how it is done: the caller passes an `attend` function
+(layer, q, k, v) -> out. `generate` passes one over a contiguous per-request KV cache; the engine's
+runner (runner.py) passes one over the paged KV cache. The weights and every other op are shared.
+
+Papers: Llama (arXiv:2302.13971), RoPE (arXiv:2104.09864), GQA (arXiv:2305.13245),
+SwiGLU (arXiv:2002.05202), RMSNorm (arXiv:1910.07467). Qwen3 = Llama + RMSNorm on each head of q
+and k + an explicit head_dim; Qwen2 = Llama + a bias on q, k and v.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 8192
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2
+    qk_norm: bool = False  # Qwen3
+    eos_token_id: int | list[int] | None = None
+    model_type: str = "llama"
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> "ModelConfig":
+        """Read a Hugging Face config.json (as a dict)."""
+        kind = cfg.get("model_type", "llama")
+        if kind not in ("llama", "qwen2", "qwen3", "mistral"):
+            raise ValueError(f"model_type {kind!r} is not supported (llama, qwen2, qwen3)")
+        rope = cfg.get("rope_parameters") or {}
+        heads = cfg["num_attention_heads"]
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=cfg.get("rope_theta") or rope.get("rope_theta", 10000.0),
+            rope_scaling=cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None),
+            max_position_embeddings=cfg.get("max_position_embeddings", 8192),
+            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            attention_bias=cfg.get("attention_bias", kind == "qwen2"),
+            qk_norm=kind == "qwen3",
+            eos_token_id=cfg.get("eos_token_id"),
+            model_type=kind,
+        )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 at least, as Hugging Face does, then cast back.
+        dt = x.dtype
+        x = x.to(torch.promote_types(dt, torch.float32))
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dt)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """Rotation frequencies (head_dim/2,), with Llama 3's long-context rescaling when configured."""
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    sc = cfg.rope_scaling
+    if not sc or sc.get("rope_type", sc.get("type")) in (None, "default"):
+        return inv
+    if sc.get("rope_type", sc.get("type")) != "llama3":
+        raise ValueError(f"rope_scaling {sc} is not supported (default or llama3)")
+    factor, lo, hi = sc["factor"], sc.get("low_freq_factor", 1.0), sc.get("high_freq_factor", 4.0)
+    old_len = sc["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > old_len / lo, inv / factor, inv)
+    smooth = (old_len / wavelen - lo) / (hi - lo)
+    mid = (1 - smooth) * scaled / factor + smooth * scaled
+    is_mid = (wavelen >= old_len / hi) & (wavelen <= old_len / lo)
+    return torch.where(is_mid, mid, scaled)
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
+    """cos and sin of each position's angles, (T, head_dim), computed in float32 like HF."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # (T, hd/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (T, hd)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (i, i + hd/2) of each head. x: (T, nh, hd); cos, sin: (T, hd)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        b = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.nh * self.hd, bias=b)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.nkv * self.hd, bias=b)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.nkv * self.hd, bias=b)
+        self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, attend: Attend) -> torch.Tensor:
+        T = x.shape[0]
+        q = self.q_proj(x).view(T, self.nh, self.hd)
+        k = self.k_proj(x).view(T, self.nkv, self.hd)
+        v = self.v_proj(x).view(T, self.nkv, self.hd)
+        if hasattr(self, "q_norm"):  # Qwen3: normalise each head before the rotation
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = attend(self.layer_idx, q, k, v)  # (T, nh, hd)
+        return self.o_proj(out.reshape(T, self.nh * self.hd))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_idx)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, attend: Attend):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class _Decoder(nn.Module):  # named `model` inside Transformer so HF checkpoint names load as they are
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = _Decoder(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        # A plain attribute, not a buffer: `.to(bfloat16)` must not round the frequencies.
+        self.inv_freq = rope_inv_freq(cfg)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend | None = None):
+        """Hidden states (T, hidden) after the final norm; `attend` defaults to causal self-attention."""
+        attend = attend or causal_attend
+        x = self.model.embed_tokens(input_ids)  # (T, D)
+        cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
+        for block in self.model.layers:
+            x = block(x, cos, sin, attend)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)  # (rows, vocab)
+
+    @classmethod
+    def from_pretrained(cls, path=None, dtype: torch.dtype = torch.float32) -> "Transformer":
+        """Load a Hugging Face folder or a GGUF file; None means $NANO_ENGINE_MODEL or the embedded model."""
+        from .loading import load_checkpoint, resolve_model_path
+
+        hf_config, state = load_checkpoint(resolve_model_path(path))
+        cfg = ModelConfig.from_hf(hf_config)
+        with torch.device("meta"):
+            model = cls(cfg)
+        if cfg.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+        missing = set(missing) - ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
+        if missing or unexpected:
+            raise ValueError(f"checkpoint does not match the model: missing {sorted(missing)[:5]}, "
+                             f"unexpected {sorted(unexpected)[:5]}")
+        if cfg.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        model.inv_freq = rope_inv_freq(cfg)
+        model.name_or_path = str(path) if path is not None else str(resolve_model_path(path))
+        return model.to(dtype).eval()
+
+
+def attention(q, k, v, num_cached: int) -> torch.Tensor:
+    """Causal attention of q's T new tokens over k, v's L = num_cached + T tokens.
+
+    q: (T, nh, hd); k, v: (L, nkv, hd). Query i sits at position num_cached + i and sees keys 0..that.
+    """
+    T, L = q.shape[0], k.shape[0]
+    mask = torch.ones(T, L, dtype=torch.bool).tril(diagonal=num_cached)  # (T, L)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, enable_gqa=True
+    )  # (nh, T, hd)
+    return out.transpose(0, 1)
+
+
+def causal_attend(layer: int, q, k, v):
+    return attention(q, k, v, 0)
+
+
+class ContiguousKVCache:
+    """One request's K and V per layer, grown by concatenation: the simple cache `generate` uses."""
+
+    def __init__(self):
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+
+    def __len__(self) -> int:
+        return self.k[0].shape[0] if self.k else 0
+
+    def attend(self, layer: int, q, k, v):
+        if layer == len(self.k):
+            self.k.append(k), self.v.append(v)
+        else:
+            self.k[layer] = torch.cat((self.k[layer], k))
+            self.v[layer] = torch.cat((self.v[layer], v))
+        cached = self.k[layer].shape[0] - q.shape[0]
+        return attention(q, self.k[layer], self.v[layer], cached)
+
+
+@torch.inference_mode()
+def generate(model: Transformer, input_ids, max_new_tokens: int, eos_token_id=None) -> list[int]:
+    """Greedy decoding of one request: the reference the engine must equal token for token.
+
+    Returns the new tokens only; stops after eos_token_id (an int or a collection of ints).
+    """
+    ids = [int(t) for t in input_ids]
+    if not ids:
+        raise ValueError("input_ids is empty: a prompt needs at least one token")
+    stop = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
+    cache, out = ContiguousKVCache(), []
+    step = torch.tensor(ids)
+    for _ in range(max_new_tokens):
+        # Prefill the whole prompt on the first pass, then one token per pass over the cache.
+        positions = torch.arange(len(cache), len(cache) + len(step))
+        hidden = model(step, positions, cache.attend)
+        token = int(model.compute_logits(hidden[-1:]).argmax(-1))
+        out.append(token)
+        if token in stop:
+            break
+        step = torch.tensor([token])
+    return out

@@ -1,0 +1,147 @@
+"""The paged KV cache: a pool of fixed-size blocks, shared by reference count, with prefix caching.
+
+A request's KV does not live in one contiguous buffer sized for its longest possible output; it
+lives in blocks of `block_size` token slots, listed in the request's block table, allocated as
+the request grows (the PagedAttention idea, arXiv:2309.06180). Blocks are the unit of sharing:
+a full block is named by a chained hash of its tokens and of the block before it, so two requests
+with the same prefix can point at the same physical block (prefix caching).
+
+Mirrors vLLM V1: `vllm/v1/core/block_pool.py` (BlockPool, FreeKVCacheBlockQueue) and
+`vllm/v1/core/kv_cache_utils.py` (hash_block_tokens). As there, a freed block keeps its hash and
+stays findable until it is reused; the free queue hands out the least recently freed block first,
+so cached blocks are evicted least-recently-used first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from typing import Sequence
+
+import torch
+
+
+def hash_block(parent: bytes | None, tokens: Sequence[int]) -> bytes:
+    """Name of a full block: its tokens and its parent's name, so equal names mean equal prefixes."""
+    h = hashlib.blake2b(parent or b"root", digest_size=16)
+    h.update(b",".join(str(t).encode() for t in tokens))
+    return h.digest()
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int, num_blocks: int | None = None) -> list[bytes]:
+    """Chained hashes of the first `num_blocks` full blocks of `token_ids` (all full ones by default)."""
+    n = len(token_ids) // block_size if num_blocks is None else num_blocks
+    out: list[bytes] = []
+    for i in range(n):
+        out.append(hash_block(out[-1] if out else None, token_ids[i * block_size:(i + 1) * block_size]))
+    return out
+
+
+class BlockPool:
+    """Physical KV blocks: reference counts, a free queue in eviction order, and the prefix cache."""
+
+    def __init__(self, num_blocks: int, enable_prefix_caching: bool = True):
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks={num_blocks} must be at least 1")
+        self.num_blocks = num_blocks
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_count = [0] * num_blocks
+        self.block_hash: list[bytes | None] = [None] * num_blocks
+        self.cached: dict[bytes, int] = {}  # block hash -> block id
+        # Blocks with ref_count 0, oldest first. Each may still hold a cached prefix.
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+
+    @property
+    def num_free(self) -> int:
+        """Blocks that can be allocated now (free ones, including cached ones that would be evicted)."""
+        return len(self.free_queue)
+
+    def allocate(self, n: int) -> list[int]:
+        """Take n blocks (ref_count 1), evicting the least recently freed cached ones first."""
+        if n > self.num_free:
+            raise ValueError(f"cannot allocate {n} blocks: only {self.num_free} free")
+        ids = []
+        for _ in range(n):
+            b, _ = self.free_queue.popitem(last=False)
+            if self.block_hash[b] is not None:  # evict: its old contents are about to be overwritten
+                del self.cached[self.block_hash[b]]
+                self.block_hash[b] = None
+            self.ref_count[b] = 1
+            ids.append(b)
+        return ids
+
+    def free(self, block_ids: Sequence[int]) -> None:
+        """Drop one reference to each block; a block nobody holds joins the end of the free queue.
+
+        Pass a request's blocks in reverse order, as vLLM does: its tail blocks (least likely to be
+        shared by another prompt) are then evicted before its head blocks.
+        """
+        for b in block_ids:
+            if self.ref_count[b] <= 0:
+                raise RuntimeError(f"block {b} freed more often than it was allocated")
+            self.ref_count[b] -= 1
+            if self.ref_count[b] == 0:
+                self.free_queue[b] = None
+
+    def lookup(self, hashes: Sequence[bytes]) -> list[int]:
+        """Blocks holding the longest cached prefix with these chained hashes (none if caching is off)."""
+        hit: list[int] = []
+        if self.enable_prefix_caching:
+            for h in hashes:
+                b = self.cached.get(h)
+                if b is None:
+                    break
+                hit.append(b)
+        return hit
+
+    def touch(self, block_ids: Sequence[int]) -> None:
+        """Take a reference to cached blocks found by `lookup` (a free one leaves the free queue)."""
+        for b in block_ids:
+            if self.ref_count[b] == 0:
+                del self.free_queue[b]
+            self.ref_count[b] += 1
+
+    def cache_blocks(self, block_ids: Sequence[int], hashes: Sequence[bytes], start: int = 0) -> None:
+        """Register full blocks block_ids[start:len(hashes)] under their hashes, so later prompts find them."""
+        if not self.enable_prefix_caching:
+            return
+        for i in range(start, len(hashes)):
+            b, h = block_ids[i], hashes[i]
+            if self.block_hash[b] is not None:
+                continue  # already named (a shared hit)
+            if h in self.cached:
+                continue  # another block already holds this prefix; keep one name per prefix
+            self.block_hash[b] = h
+            self.cached[h] = b
+
+    def check(self) -> None:
+        """Assert the pool's invariants (used by tests)."""
+        assert all(r >= 0 for r in self.ref_count)
+        assert set(self.free_queue) == {b for b, r in enumerate(self.ref_count) if r == 0}
+        assert all(self.block_hash[b] == h for h, b in self.cached.items())
+        assert sum(h is not None for h in self.block_hash) == len(self.cached)
+
+
+class PagedKVCache:
+    """K and V for every layer, as blocks of `block_size` token slots.
+
+    k[layer] and v[layer] have shape (num_blocks * block_size, num_kv_heads, head_dim): one row per
+    slot, so slot = block_id * block_size + offset addresses a token's KV directly.
+    """
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype = torch.float32):
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        shape = (num_blocks * block_size, num_kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store the new tokens' K and V (T, nkv, hd) at their slots (T,)."""
+        self.k[layer].index_copy_(0, slots, k)
+        self.v[layer].index_copy_(0, slots, v)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)

@@ -1,0 +1,118 @@
+"""One forward pass over a ragged batch: every sequence with its own cached length and step length.
+
+A prefill, a chunk of a prefill, a decode and a recompute after preemption are the same
+computation: sequence s brings `n_s` new tokens on top of `c_s` tokens whose KV is already in the
+paged cache. The batch flattens all new tokens into one (T,) row of ids, with their positions and
+the cache slot where each token's K and V go (its slot mapping). Every linear layer then runs once
+over all T tokens; only attention looks at each sequence separately, over its own blocks.
+Logits are computed only for the rows that sample: the last new token of a sequence whose step
+reaches the end of its tokens (a prefill chunk in the middle of a prompt samples nothing).
+
+Mirrors vLLM V1's `vllm/v1/worker/gpu_model_runner.py` (_prepare_inputs: query_start_loc,
+positions, slot_mapping, logits_indices) and the paged attention backends' metadata.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
+
+import torch
+
+from .mini_llm import Transformer, attention
+from .paged import PagedKVCache
+
+
+class SeqChunk(NamedTuple):
+    """One sequence's part of a step."""
+
+    token_ids: Sequence[int]  # the new tokens of this step
+    num_cached: int  # tokens before them whose KV is in the cache
+    block_ids: Sequence[int]  # the block table, long enough for num_cached + len(token_ids)
+    sample: bool  # does this step reach the sequence's last token (so it needs logits)?
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # (T,) new tokens of all sequences, back to back
+    positions: torch.Tensor  # (T,)
+    slot_mapping: torch.Tensor  # (T,) cache slot of each new token
+    query_start: list[int]  # (B + 1,) sequence s owns rows query_start[s]:query_start[s + 1]
+    num_cached: list[int]  # (B,)
+    context_slots: list[torch.Tensor]  # B tensors: slots of tokens 0..num_cached + n - 1
+    logits_indices: torch.Tensor  # (S,) rows whose logits are needed, in sequence order
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[0]
+
+
+def slots_of(block_ids: Sequence[int], start: int, end: int, block_size: int) -> torch.Tensor:
+    """Cache slots of token positions start..end-1 of a sequence with this block table."""
+    pos = torch.arange(start, end)
+    table = torch.as_tensor(block_ids, dtype=torch.long)
+    return table[pos // block_size] * block_size + pos % block_size
+
+
+def build_batch(chunks: Sequence[SeqChunk], block_size: int) -> Batch:
+    """Flatten the chunks of one step into the tensors of one forward pass."""
+    ids: list[int] = []
+    positions, slots, context, starts, logits_rows = [], [], [], [0], []
+    for c in chunks:
+        n = len(c.token_ids)
+        end = c.num_cached + n
+        if n < 1:
+            raise ValueError("every scheduled sequence needs at least one new token")
+        if len(c.block_ids) * block_size < end:
+            raise ValueError(f"block table of {len(c.block_ids)} blocks cannot hold {end} tokens")
+        ids.extend(c.token_ids)
+        positions.append(torch.arange(c.num_cached, end))
+        ctx = slots_of(c.block_ids, 0, end, block_size)
+        context.append(ctx)
+        slots.append(ctx[c.num_cached:])
+        starts.append(starts[-1] + n)
+        if c.sample:
+            logits_rows.append(starts[-1] - 1)
+    return Batch(
+        input_ids=torch.tensor(ids, dtype=torch.long),
+        positions=torch.cat(positions),
+        slot_mapping=torch.cat(slots),
+        query_start=starts,
+        num_cached=[c.num_cached for c in chunks],
+        context_slots=context,
+        logits_indices=torch.tensor(logits_rows, dtype=torch.long),
+    )
+
+
+class ModelRunner:
+    """Holds the model and its paged KV cache; runs one batch per step."""
+
+    def __init__(self, model: Transformer, num_blocks: int, block_size: int):
+        cfg = model.config
+        self.model = model
+        self.block_size = block_size
+        self.kv_cache = PagedKVCache(cfg.num_hidden_layers, num_blocks, block_size,
+                                     cfg.num_key_value_heads, cfg.head_dim, model.dtype)
+
+    def paged_attend(self, batch: Batch):
+        """The attention function the model calls at each layer, for this batch."""
+        cache = self.kv_cache
+
+        def attend(layer: int, q, k, v):
+            # New K, V go into their slots first, so each sequence then reads its whole context,
+            # old and new tokens alike, from the cache.
+            cache.write(layer, batch.slot_mapping, k, v)
+            out = torch.empty_like(q)  # (T, nh, hd)
+            kc, vc = cache.k[layer], cache.v[layer]
+            for s, ctx in enumerate(batch.context_slots):
+                a, b = batch.query_start[s], batch.query_start[s + 1]
+                out[a:b] = attention(q[a:b], kc[ctx], vc[ctx], batch.num_cached[s])
+            return out
+
+        return attend
+
+    @torch.inference_mode()
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """Logits (S, vocab) for the rows in batch.logits_indices, in that order."""
+        hidden = self.model(batch.input_ids, batch.positions, self.paged_attend(batch))
+        return self.model.compute_logits(hidden[batch.logits_indices])

@@ -1,0 +1,258 @@
+"""The scheduler: one token budget per step, chunked prefill, preemption by recompute.
+
+There is no prefill phase and no decode phase. Each request is behind by `num_tokens - num_computed`
+tokens: a new request by its prompt, a decoding one by 1, a preempted one by everything it had.
+Each step hands out at most `max_num_batched_tokens` tokens so that requests catch up:
+
+1. First the running requests, in the running queue's order (they already hold KV). Each gets
+   min(behind, budget left) tokens and the blocks to hold them. When blocks run out, preempt a
+   victim (vLLM: the tail of the running queue, the most recently admitted): free its blocks, set
+   num_computed to 0, put it at the front of the waiting queue. If the victim is the request
+   being scheduled, the pass ends.
+2. Then the waiting requests, but only if nothing was preempted in this step (memory is short:
+   admitting more would thrash), while budget is left and fewer than `max_num_seqs` run. A
+   request starts from its longest prefix-cache hit; without chunked prefill one that does not
+   fit the budget waits; one whose blocks cannot be had waits.
+
+Policies: "fcfs" (vLLM's default), "priority" (vLLM's SchedulingPolicy.PRIORITY: waiting ordered
+by (priority, arrival), victim = the running request with the largest (priority, arrival); with
+`priority_aging` > 0, each step waited lowers a request's priority value, so none starves),
+"conservative" (SGLang's admission: admit only with headroom for the estimated remaining output
+of everyone, remaining x `new_token_ratio`; when memory runs short retract the decode with the
+least output and raise the ratio), and "static" (the baseline: a new batch is admitted only when
+the running one has finished, never chunked).
+
+Mirrors `vllm/v1/core/sched/scheduler.py` (Scheduler.schedule, _preempt_request,
+update_from_output) and `vllm/v1/core/kv_cache_manager.py` (get_computed_blocks, allocate_slots);
+SGLang's `srt/managers/schedule_policy.py` (PrefillAdder) and `schedule_batch.py` (retract_decode).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from .paged import BlockPool, block_hashes
+from .request import Request, RequestStatus
+
+POLICIES = ("fcfs", "priority", "conservative", "static")
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_batched_tokens: int = 256
+    max_num_seqs: int = 16
+    enable_chunked_prefill: bool = True
+    policy: str = "fcfs"
+    priority_aging: float = 0.0  # priority levels gained per step waited ("priority" only)
+    init_new_token_ratio: float = 0.7  # SGLang's defaults ("conservative" only)
+    min_new_token_ratio: float = 0.1
+    new_token_ratio_decay: float = 0.001
+    retract_decode_steps: int = 20
+
+    def __post_init__(self):
+        for name in ("max_num_batched_tokens", "max_num_seqs", "retract_decode_steps"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name}={v!r} must be an integer >= 1")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy={self.policy!r} is not one of {POLICIES}")
+        if self.priority_aging < 0:
+            raise ValueError(f"priority_aging={self.priority_aging} must be >= 0")
+        if not 0 < self.min_new_token_ratio <= self.init_new_token_ratio <= 1:
+            raise ValueError(f"need 0 < min_new_token_ratio ({self.min_new_token_ratio}) <= "
+                             f"init_new_token_ratio ({self.init_new_token_ratio}) <= 1")
+        if self.policy == "static":
+            self.enable_chunked_prefill = False  # static batching prefills whole prompts
+
+
+@dataclass
+class ScheduledChunk:
+    request: Request
+    start: int  # num_computed when scheduled: the chunk is tokens start .. start + n - 1
+    n: int
+    kind: str  # "prefill", "decode" or "recompute"
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.n for c in self.chunks)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_pool: BlockPool, block_size: int):
+        self.config = config
+        self.pool = block_pool
+        self.block_size = block_size
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_steps = 0
+        self.new_token_ratio = config.init_new_token_ratio
+        self._arrival_step: dict[str, int] = {}
+
+    # ----- requests in and out -----
+    def add_request(self, req: Request) -> None:
+        """Queue a request, or raise ValueError if it could never be scheduled."""
+        cfg, bs = self.config, self.block_size
+        need = math.ceil(req.max_kv_tokens / bs)
+        if need > self.pool.num_blocks:
+            raise ValueError(
+                f"request {req.request_id!r} can never fit: prompt {req.num_prompt_tokens} + max_tokens "
+                f"{req.sampling_params.max_tokens} needs {need} blocks of {bs} tokens, the pool has "
+                f"{self.pool.num_blocks}")
+        if not cfg.enable_chunked_prefill and req.max_kv_tokens + 1 > cfg.max_num_batched_tokens:
+            raise ValueError(
+                f"request {req.request_id!r} can never be scheduled without chunked prefill: it may "
+                f"need {req.max_kv_tokens + 1} tokens in one step (prompt + output, after a "
+                f"preemption), above max_num_batched_tokens={cfg.max_num_batched_tokens}")
+        self._arrival_step[req.request_id] = self.num_steps
+        self.waiting.append(req)
+
+    def finish(self, req: Request, reason: str) -> None:
+        """Finish a request (stop, length or abort) and free everything it holds."""
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self._free_blocks(req)
+        self._arrival_step.pop(req.request_id, None)
+        req.status, req.finish_reason = RequestStatus.FINISHED, reason
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ----- blocks -----
+    def _free_blocks(self, req: Request) -> None:
+        self.pool.free(reversed(req.block_ids))  # tail blocks are evicted first
+        req.block_ids = []
+
+    def _allocate_slots(self, req: Request, num_tokens: int) -> bool:
+        """Grow the block table to hold num_tokens tokens; False (nothing taken) if blocks are short."""
+        need = math.ceil(num_tokens / self.block_size) - len(req.block_ids)
+        if need > self.pool.num_free:
+            return False
+        if need > 0:
+            req.block_ids.extend(self.pool.allocate(need))
+        return True
+
+    def hashes(self, req: Request, num_blocks: int) -> list[bytes]:
+        """Chained hashes of the request's first num_blocks full blocks (computed once, kept)."""
+        if len(req.block_hashes) < num_blocks:
+            req.block_hashes = block_hashes(req.all_token_ids, self.block_size, num_blocks)
+        return req.block_hashes[:num_blocks]
+
+    # ----- policy -----
+    def _key(self, req: Request):
+        """Sort key: smaller is served first and preempted last."""
+        if self.config.policy == "priority":
+            waited = self.num_steps - self._arrival_step.get(req.request_id, self.num_steps)
+            return (req.priority - self.config.priority_aging * waited, req.arrival_time, req.seq)
+        return (req.arrival_time, req.seq)
+
+    def _next_waiting(self) -> Request:
+        if self.config.policy == "priority":
+            return min(self.waiting, key=self._key)
+        return self.waiting[0]
+
+    def _select_victim(self) -> Request:
+        if self.config.policy == "priority":
+            return max(self.running, key=self._key)
+        if self.config.policy == "conservative":  # SGLang: least output first, then longest prompt
+            return min(self.running, key=lambda r: (len(r.output_ids), -r.num_prompt_tokens))
+        return self.running[-1]  # the tail: the most recently admitted
+
+    def _preempt(self, req: Request) -> None:
+        """Recompute preemption: drop all KV, go back to the front of the waiting queue."""
+        self.running.remove(req)
+        self._free_blocks(req)
+        req.recompute_until = max(req.recompute_until, req.num_computed)
+        req.num_computed = 0
+        req.num_preemptions += 1
+        req.status = RequestStatus.WAITING
+        self.waiting.appendleft(req)
+
+    def _reserved_tokens(self, req: Request) -> float:
+        """SGLang's estimate of the KV a request will still need for its output."""
+        return (req.sampling_params.max_tokens - len(req.output_ids)) * self.new_token_ratio
+
+    # ----- one step -----
+    def schedule(self) -> SchedulerOutput:
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        out = SchedulerOutput()
+        scheduled: dict[int, ScheduledChunk] = {}  # id(request) -> its chunk
+
+        # First, the running requests.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_behind, budget)
+            while not self._allocate_slots(req, req.num_computed + n):
+                victim = self._select_victim()
+                if self.running.index(victim) < i:
+                    i -= 1
+                if id(victim) in scheduled:  # already scheduled in this step: take its tokens back
+                    budget += scheduled.pop(id(victim)).n
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is req:
+                    break
+            else:
+                scheduled[id(req)] = ScheduledChunk(req, req.num_computed, n, req.chunk_kind(req.num_computed))
+                budget -= n
+                i += 1
+                continue
+            break
+
+        if out.preempted and cfg.policy == "conservative":
+            left = self.running
+            decoded = sum(len(r.output_ids) for r in left)
+            max_new = sum(r.sampling_params.max_tokens for r in left) or 1
+            self.new_token_ratio = min(1.0, (decoded + cfg.retract_decode_steps * len(left)) / max_new)
+        elif cfg.policy == "conservative":
+            self.new_token_ratio = max(cfg.min_new_token_ratio, self.new_token_ratio - cfg.new_token_ratio_decay)
+
+        # Next, the waiting requests: only in a step that preempted nobody.
+        admit = not out.preempted and not (cfg.policy == "static" and self.running)
+        num_admitted = 0
+        headroom = self.pool.num_free * self.block_size - sum(map(self._reserved_tokens, self.running))
+        while admit and self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            req = self._next_waiting()
+            # The longest cached prefix, in full blocks, leaving at least the last token to compute.
+            hit = self.pool.lookup(self.hashes(req, (req.num_tokens - 1) // self.block_size))
+            num_hit = len(hit) * self.block_size
+            n = req.num_tokens - num_hit
+            if not cfg.enable_chunked_prefill and n > budget:
+                break
+            n = min(n, budget)
+            need = n + self._reserved_tokens(req)
+            if cfg.policy == "conservative" and self.running and need > headroom:
+                break  # no room for what it and the running requests will still write
+            headroom -= need
+            self.pool.touch(hit)
+            req.block_ids, req.num_computed = list(hit), num_hit
+            if not self._allocate_slots(req, num_hit + n):
+                self._free_blocks(req)  # give the hit back
+                req.num_computed = 0
+                break
+            self.waiting.remove(req)
+            self.running.append(req)
+            req.status = RequestStatus.RUNNING
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_hit
+            scheduled[id(req)] = ScheduledChunk(req, num_hit, n, req.chunk_kind(num_hit))
+            budget -= n
+            num_admitted += 1
+
+        out.chunks = list(scheduled.values())
+        self.num_steps += 1
+        assert out.num_tokens <= cfg.max_num_batched_tokens
+        assert len(self.running) <= cfg.max_num_seqs
+        assert not (out.preempted and num_admitted), "a step that preempted must admit nobody"
+        return out

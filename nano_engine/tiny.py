@@ -1,0 +1,24 @@
+"""Tiny random models for the tests, the judge and quick notebook demos: the real code path in
+milliseconds. Float64 by default, so that exact token identity never hinges on rounding."""
+
+from __future__ import annotations
+
+import torch
+
+from .mini_llm import ModelConfig, Transformer
+
+
+def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float64, vocab_size: int = 64,
+               num_layers: int = 2, qk_norm: bool = False, eos_token_id: int = 0) -> Transformer:
+    """A 2-layer Llama-style model (Qwen3-style with qk_norm) with random weights."""
+    cfg = ModelConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=8, qk_norm=qk_norm, eos_token_id=eos_token_id,
+                      max_position_embeddings=4096, model_type="qwen3" if qk_norm else "llama")
+    gen = torch.Generator().manual_seed(seed)
+    model = Transformer(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            # Larger than nn.Linear's default init, so that greedy outputs vary from token to token.
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    return model.to(dtype).eval()

