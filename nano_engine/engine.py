@@ -75,13 +75,15 @@ class EngineStats:
 
 
 class LLMEngine:
-    def __init__(self, model: Transformer, tokenizer=None, config: EngineConfig | None = None, **kwargs):
+    def __init__(self, model: Transformer, tokenizer=None, config: EngineConfig | None = None,
+                 scheduler_cls: type[Scheduler] = Scheduler, **kwargs):
+        """`scheduler_cls` swaps in another Scheduler (a learner's, in the exercises)."""
         if config is not None and kwargs:
             raise ValueError("pass either config or keyword settings, not both")
         self.config = config or EngineConfig(**kwargs)
         self.model, self.tokenizer = model, tokenizer
         self.block_pool = BlockPool(self.config.num_blocks, self.config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.config.scheduler_config(), self.block_pool, self.config.block_size)
+        self.scheduler = scheduler_cls(self.config.scheduler_config(), self.block_pool, self.config.block_size)
         self.runner = ModelRunner(model, self.config.num_blocks, self.config.block_size)
         eos = model.config.eos_token_id
         self.eos_token_ids = {eos} if isinstance(eos, int) else set(eos or ())

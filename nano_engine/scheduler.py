@@ -120,7 +120,7 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        self._free_blocks(req)
+        self.free_blocks(req)
         self._arrival_step.pop(req.request_id, None)
         req.status, req.finish_reason = RequestStatus.FINISHED, reason
 
@@ -128,11 +128,11 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # ----- blocks -----
-    def _free_blocks(self, req: Request) -> None:
+    def free_blocks(self, req: Request) -> None:
         self.pool.free(reversed(req.block_ids))  # tail blocks are evicted first
         req.block_ids = []
 
-    def _allocate_slots(self, req: Request, num_tokens: int) -> bool:
+    def allocate_slots(self, req: Request, num_tokens: int) -> bool:
         """Grow the block table to hold num_tokens tokens; False (nothing taken) if blocks are short."""
         need = math.ceil(num_tokens / self.block_size) - len(req.block_ids)
         if need > self.pool.num_free:
@@ -148,36 +148,36 @@ class Scheduler:
         return req.block_hashes[:num_blocks]
 
     # ----- policy -----
-    def _key(self, req: Request):
+    def priority_key(self, req: Request):
         """Sort key: smaller is served first and preempted last."""
         if self.config.policy == "priority":
             waited = self.num_steps - self._arrival_step.get(req.request_id, self.num_steps)
             return (req.priority - self.config.priority_aging * waited, req.arrival_time, req.seq)
         return (req.arrival_time, req.seq)
 
-    def _next_waiting(self) -> Request:
+    def next_waiting(self) -> Request:
         if self.config.policy == "priority":
-            return min(self.waiting, key=self._key)
+            return min(self.waiting, key=self.priority_key)
         return self.waiting[0]
 
-    def _select_victim(self) -> Request:
+    def select_victim(self) -> Request:
         if self.config.policy == "priority":
-            return max(self.running, key=self._key)
+            return max(self.running, key=self.priority_key)
         if self.config.policy == "conservative":  # SGLang: least output first, then longest prompt
             return min(self.running, key=lambda r: (len(r.output_ids), -r.num_prompt_tokens))
         return self.running[-1]  # the tail: the most recently admitted
 
-    def _preempt(self, req: Request) -> None:
+    def preempt(self, req: Request) -> None:
         """Recompute preemption: drop all KV, go back to the front of the waiting queue."""
         self.running.remove(req)
-        self._free_blocks(req)
+        self.free_blocks(req)
         req.recompute_until = max(req.recompute_until, req.num_computed)
         req.num_computed = 0
         req.num_preemptions += 1
         req.status = RequestStatus.WAITING
         self.waiting.appendleft(req)
 
-    def _reserved_tokens(self, req: Request) -> float:
+    def reserved_tokens(self, req: Request) -> float:
         """SGLang's estimate of the KV a request will still need for its output."""
         return (req.sampling_params.max_tokens - len(req.output_ids)) * self.new_token_ratio
 
@@ -193,13 +193,13 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_behind, budget)
-            while not self._allocate_slots(req, req.num_computed + n):
-                victim = self._select_victim()
+            while not self.allocate_slots(req, req.num_computed + n):
+                victim = self.select_victim()
                 if self.running.index(victim) < i:
                     i -= 1
                 if id(victim) in scheduled:  # already scheduled in this step: take its tokens back
                     budget += scheduled.pop(id(victim)).n
-                self._preempt(victim)
+                self.preempt(victim)
                 out.preempted.append(victim)
                 if victim is req:
                     break
@@ -221,9 +221,9 @@ class Scheduler:
         # Next, the waiting requests: only in a step that preempted nobody.
         admit = not out.preempted and not (cfg.policy == "static" and self.running)
         num_admitted = 0
-        headroom = self.pool.num_free * self.block_size - sum(map(self._reserved_tokens, self.running))
+        headroom = self.pool.num_free * self.block_size - sum(map(self.reserved_tokens, self.running))
         while admit and self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
-            req = self._next_waiting()
+            req = self.next_waiting()
             # The longest cached prefix, in full blocks, leaving at least the last token to compute.
             hit = self.pool.lookup(self.hashes(req, (req.num_tokens - 1) // self.block_size))
             num_hit = len(hit) * self.block_size
@@ -231,14 +231,14 @@ class Scheduler:
             if not cfg.enable_chunked_prefill and n > budget:
                 break
             n = min(n, budget)
-            need = n + self._reserved_tokens(req)
+            need = n + self.reserved_tokens(req)
             if cfg.policy == "conservative" and self.running and need > headroom:
                 break  # no room for what it and the running requests will still write
             headroom -= need
             self.pool.touch(hit)
             req.block_ids, req.num_computed = list(hit), num_hit
-            if not self._allocate_slots(req, num_hit + n):
-                self._free_blocks(req)  # give the hit back
+            if not self.allocate_slots(req, num_hit + n):
+                self.free_blocks(req)  # give the hit back
                 req.num_computed = 0
                 break
             self.waiting.remove(req)
