@@ -46,9 +46,17 @@ class StepRecord:
     scheduled: list[tuple[str, int, str]]  # (request_id, tokens, "prefill" | "decode" | "recompute")
     preempted: list[str]
     finished: list[str]
-    num_free_blocks: int  # after the step
-    num_waiting: int  # after scheduling
-    num_running: int  # after scheduling
+    num_free_blocks: int  # at the end of the step
+    waiting_ids: list[str]  # at the end of the step
+    running_ids: list[str]  # at the end of the step (some may have got no tokens in it)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting_ids)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running_ids)
 
     @property
     def num_tokens(self) -> int:
@@ -198,7 +206,8 @@ class LLMEngine:
             preempted=[r.request_id for r in out.preempted],
             finished=[r.request_id for r in finished],
             num_free_blocks=self.block_pool.num_free,
-            num_waiting=len(self.scheduler.waiting), num_running=len(self.scheduler.running),
+            waiting_ids=[r.request_id for r in self.scheduler.waiting],
+            running_ids=[r.request_id for r in self.scheduler.running],
         )
         self.step_log.append(rec)
         s = self.stats

@@ -99,3 +99,26 @@ def format_trace(log: Sequence[StepRecord], first: int = 6) -> str:
         lines.append(f"{rec.step:>4}{rec.num_tokens:>8}{rec.num_requests:>10}{rec.num_prefill_tokens:>9}"
                      f"{rec.num_waiting:>9}  {who}")
     return "\n".join(lines)
+
+
+def run_arrivals(engine: LLMEngine, arrivals: Sequence[tuple[int, Sequence[int], SamplingParams]],
+                 max_steps: int = 100_000) -> list:
+    """Run requests that arrive at given steps: (step, prompt_ids, params), in any order.
+
+    Returns the finished requests in the order given. A request arriving at step s is added just
+    before step s runs, so it can be scheduled in that step.
+    """
+    order = sorted(range(len(arrivals)), key=lambda i: arrivals[i][0])
+    ids: dict[int, str] = {}
+    k = step = 0
+    while k < len(order) or engine.has_unfinished():
+        while k < len(order) and arrivals[order[k]][0] <= step:
+            _, prompt, params = arrivals[order[k]]
+            ids[order[k]] = engine.add_request(prompt, params)
+            k += 1
+        if engine.has_unfinished():
+            engine.step()
+        step += 1
+        if step > max_steps:
+            raise RuntimeError(f"not finished after {max_steps} steps")
+    return [engine.requests[ids[i]] for i in range(len(arrivals))]

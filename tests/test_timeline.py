@@ -1,0 +1,93 @@
+"""Timelines: the figure data from a step log, the colours per state, the widget's switches."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from nano_engine import LLMEngine, SamplingParams  # noqa: E402
+from nano_engine.experiments import run_arrivals  # noqa: E402
+from nano_engine.timeline import (METHODS, STATE_COLORS, TimelineWidget, compare_figure,  # noqa: E402
+                                  plot_timeline, state_counts, timeline)
+
+ARRIVALS = [(0, list(range(1, 13)), SamplingParams(max_tokens=3, ignore_eos=True)),
+            (0, list(range(20, 26)), SamplingParams(max_tokens=6, ignore_eos=True)),
+            (0, list(range(30, 40)), SamplingParams(max_tokens=2, ignore_eos=True)),
+            (2, list(range(40, 44)), SamplingParams(max_tokens=2, ignore_eos=True))]
+
+
+def run(model, settings, budget=8, **kw):
+    engine = LLMEngine(model, max_num_batched_tokens=budget, max_num_seqs=2, **{**settings, **kw})
+    run_arrivals(engine, ARRIVALS)
+    return engine.step_log
+
+
+def test_states_follow_the_step_log(tiny):
+    log = run(tiny, {})
+    tl = timeline(log)
+    assert tl.request_ids == ["0", "1", "2", "3"] and tl.num_steps == len(log)
+    # Step 0: a 12-token prompt under an 8-token budget: request 0 takes it all, 1 and 2 wait,
+    # 3 has not arrived yet.
+    assert [row[0] for row in tl.states] == ["prefill", "waiting", "waiting", None]
+    for s, rec in enumerate(log):
+        for rid, n, kind in rec.scheduled:
+            assert tl.states[tl.request_ids.index(rid)][s] == kind
+        for rid in rec.waiting_ids:
+            assert tl.states[tl.request_ids.index(rid)][s] == "waiting"
+    counts = state_counts(tl)
+    assert counts["decode"] == sum(n for rec in log for _, n, k in rec.scheduled if k == "decode")
+    assert counts["prefill"] == sum(1 for rec in log for _, _, k in rec.scheduled if k == "prefill")
+
+
+def test_preemption_and_recompute_are_marked(tiny):
+    log = run(tiny, {}, budget=32, num_blocks=5, block_size=4)
+    counts = state_counts(timeline(log))
+    assert counts["preempted"] == sum(len(r.preempted) for r in log) >= 1
+    assert counts["recompute"] >= 1
+
+
+def test_plot_colours_each_state(tiny):
+    log = run(tiny, {}, budget=32, num_blocks=5, block_size=4)
+    ax = plot_timeline(log)
+    colours = {tuple(round(c, 3) for c in coll.get_facecolor()[0][:3]) for coll in ax.collections}
+    used = {k for k, v in state_counts(timeline(log)).items() if v}
+    expected = {tuple(round(c, 3) for c in matplotlib.colors.to_rgb(STATE_COLORS[k])) for k in used}
+    assert colours == expected
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == list(STATE_COLORS)
+    assert ax.get_xlim() == (0, len(log))
+    assert plot_timeline(log, x="seconds").get_xlabel() == "time (s)"
+
+
+def test_static_waits_for_the_whole_batch(tiny):
+    logs = {name: run(tiny, s, budget=64) for name, s in METHODS.items()}
+    static, continuous = logs["static batching"], logs["continuous, no chunking"]
+    # Static: request 2 is admitted only once both 0 and 1 have finished.
+    first = {rid: min(i for i, r in enumerate(static) if rid in [x for x, _, _ in r.scheduled]) for rid in "012"}
+    done = {rid: next(i for i, r in enumerate(static) if rid in r.finished) for rid in "01"}
+    assert first["2"] > max(done.values())
+    assert len(continuous) < len(static)
+    fig = compare_figure(logs)
+    assert len(fig.axes) == 3
+
+
+def test_widget_switches_method_and_budget(tiny):
+    calls = []
+
+    def runner(settings, budget):
+        calls.append((tuple(sorted(settings.items())), budget))
+        return run(tiny, settings, budget=budget)
+
+    tw = TimelineWidget(runner, budgets=[8, 16, 64])
+    assert tw.budget.value == 16 and tw.method.value == "static batching"
+    first, first_png = tw.summary.value, bytes(tw.image.value)
+    assert first_png.startswith(b"\x89PNG")
+    tw.method.value = "continuous + chunked prefill"
+    assert "continuous + chunked prefill" in tw.summary.value and tw.summary.value != first
+    assert bytes(tw.image.value) != first_png
+    tw.budget.value = 8
+    assert "budget 8" in tw.summary.value
+    tw.method.value = "static batching"  # at budget 8 a whole request does not fit one step
+    assert "cannot run" in tw.summary.value and "max_num_batched_tokens=8" in tw.summary.value
+    assert bytes(tw.image.value) == b""
+    tw.budget.value = 16
+    assert tw.summary.value == first and len(calls) == 4  # the first run came from the cache
+    assert bytes(tw.image.value) == first_png  # the same run draws the same figure
