@@ -11,5 +11,6 @@ run: setup
 	$(PY) -m nano_engine
 
 # Every test: unit and property tests, the judge's self-checks, the notebooks under strict nbval.
+# --dist loadfile keeps each notebook's cells on one worker (one kernel per notebook).
 test: setup
-	$(PY) -m pytest -n 2 tests
+	$(PY) -m pytest -n 2 --dist loadfile tests notebooks --nbval --sanitize-with notebooks/sanitize.cfg
