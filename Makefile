@@ -13,4 +13,4 @@ run: setup
 # Every test: unit and property tests, the judge's self-checks, the notebooks under strict nbval.
 # --dist loadfile keeps each notebook's cells on one worker (one kernel per notebook).
 test: setup
-	$(PY) -m pytest -n 2 --dist loadfile tests notebooks --nbval --sanitize-with notebooks/sanitize.cfg
+	$(PY) -m pytest -n 2 --dist loadfile tests notebooks --nbval --nbval-sanitize-with notebooks/sanitize.cfg
