@@ -151,9 +151,12 @@ class Scheduler:
     def priority_key(self, req: Request):
         """Sort key: smaller is served first and preempted last."""
         if self.config.policy == "priority":
-            waited = self.num_steps - self._arrival_step.get(req.request_id, self.num_steps)
-            return (req.priority - self.config.priority_aging * waited, req.arrival_time, req.seq)
+            return (req.priority - self.config.priority_aging * self.steps_waited(req), req.arrival_time, req.seq)
         return (req.arrival_time, req.seq)
+
+    def steps_waited(self, req: Request) -> int:
+        """Steps since the request was added; a preemption does not reset it (aging counts from arrival)."""
+        return self.num_steps - self._arrival_step.get(req.request_id, self.num_steps)
 
     def next_waiting(self) -> Request:
         if self.config.policy == "priority":

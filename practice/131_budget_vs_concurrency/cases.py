@@ -1,0 +1,110 @@
+"""Cases of exercise 131: the learner's formulas against what the real engine does.
+
+Every expected answer is measured at grading time from the engine's own step log (a tiny model,
+so each run takes milliseconds), never taken from a formula of the judge's. `reference()` holds
+the model answers that `--reference` grades (the package has no such functions: see README.md).
+"""
+
+import math
+from types import SimpleNamespace
+
+from nano_engine import LLMEngine, SamplingParams
+from nano_engine.tiny import tiny_model
+from practice.worker import Case, Mismatch
+
+MODEL = tiny_model(0)
+NAMES = ("max_decodes_per_step", "steps_to_finish", "prefill_tokens", "check_config")
+REFERENCE_FILE = __file__
+
+
+def learner(module):
+    missing = [n for n in NAMES if not callable(getattr(module, n, None))]
+    if missing:
+        raise Mismatch(f"your file must define the functions {', '.join(missing)}")
+    return module
+
+
+def reference():
+    return SimpleNamespace(
+        max_decodes_per_step=lambda seqs, budget: min(seqs, budget),
+        steps_to_finish=lambda n, m, seqs, budget: math.ceil(n / min(seqs, budget)) * m,
+        prefill_tokens=lambda d, p, seqs, budget: 0 if d >= seqs else min(p, budget - d),
+        check_config=lambda seqs, budget: None if budget >= seqs else (
+            f"max_num_batched_tokens={budget} < max_num_seqs={seqs}: at most {budget} requests decode per "
+            f"step, and prompts get no budget while they do; raise the budget well above {seqs}"))
+
+
+def _engine(seqs, budget, num_requests, max_tokens):
+    """The workload: 1-token prompts, max_tokens new tokens each, all queued before the first step."""
+    engine = LLMEngine(MODEL, max_num_seqs=seqs, max_num_batched_tokens=budget, enable_prefix_caching=False)
+    for _ in range(num_requests):
+        engine.add_request([5], SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    return engine
+
+
+def _run(engine):
+    while engine.has_unfinished():
+        engine.step()
+    return engine.step_log
+
+
+def measured_decodes(seqs, budget):
+    log = _run(_engine(seqs, budget, seqs + 2, 3))  # more requests than can ever run at once
+    return max(sum(kind == "decode" for _, _, kind in rec.scheduled) for rec in log)
+
+
+def measured_steps(n, max_tokens, seqs, budget):
+    return len(_run(_engine(seqs, budget, n, max_tokens)))
+
+
+def measured_prefill(decoding, prompt_len, seqs, budget):
+    engine = _engine(seqs, budget, decoding, 8)
+    engine.step()  # admits the decoding requests (their 1-token prefill)
+    rid = engine.add_request([7] * prompt_len, SamplingParams(max_tokens=2))
+    engine.step()
+    return sum(n for r, n, _ in engine.step_log[-1].scheduled if r == rid)
+
+
+def _check(fn_name, grid, measure, hint):
+    def run(api):
+        for args in grid:
+            want, got = measure(*args), getattr(api, fn_name)(*args)
+            if got != want:
+                call = f"{fn_name}{args}"
+                raise Mismatch(f"{call}: the engine measured {want}, your function says {got!r}", "hint: " + hint)
+    return run
+
+
+def _check_config(api):
+    for seqs, budget in [(8, 4), (4, 8), (6, 6), (16, 15), (256, 128), (256, 8192)]:
+        wasteful = measured_decodes(seqs, budget) < seqs
+        got = api.check_config(seqs, budget)
+        call = f"check_config(max_num_seqs={seqs}, max_num_batched_tokens={budget})"
+        if wasteful and not isinstance(got, str):
+            raise Mismatch(f"{call} returned {got!r}, but the engine decoded at most "
+                           f"{measured_decodes(seqs, budget)} of {seqs} requests per step",
+                           "hint: when max_num_batched_tokens < max_num_seqs, not every running request can "
+                           "decode in one step: return a warning")
+        if wasteful and not (str(seqs) in got and str(budget) in got):
+            raise Mismatch(f"{call} returned {got!r}", "hint: name both numbers, so the user knows what to change")
+        if not wasteful and got is not None:
+            raise Mismatch(f"{call} returned {got!r}, but the engine decoded all {seqs} requests in one step",
+                           "hint: this configuration is fine: return None")
+
+
+CASES = [
+    Case("max_decodes_per_step", _check(
+        "max_decodes_per_step", [(8, 4), (4, 8), (6, 6), (16, 3), (256, 128)], measured_decodes,
+        "a decode costs one token of the budget, and at most max_num_seqs requests run: both cap a step")),
+    Case("steps_to_finish", _check(
+        "steps_to_finish", [(8, 3, 8, 8), (8, 3, 8, 4), (5, 4, 2, 16), (7, 2, 8, 3), (256, 4, 256, 256),
+                            (256, 4, 256, 128)], measured_steps,
+        "requests run in waves of min(max_num_seqs, budget); a wave takes max_tokens steps (the 1-token "
+        "prefill already gives the first token), and the next wave starts when it finishes")),
+    Case("prefill_tokens", _check(
+        "prefill_tokens", [(4, 10, 8, 8), (4, 10, 8, 4), (2, 20, 4, 16), (4, 10, 4, 16), (5, 3, 8, 6),
+                           (3, 2, 8, 16)], measured_prefill,
+        "running requests are served first, one token per decode; a newcomer gets what is left of the "
+        "budget (chunked), and nothing while max_num_seqs requests run")),
+    Case("check_config", _check_config),
+]

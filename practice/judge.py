@@ -1,0 +1,273 @@
+"""The judge: grade an exercise's solution file against nano_engine, case by case.
+
+    python practice/judge.py 129                    # grade practice/129_scheduler/solution.py
+    python practice/judge.py --list                 # every exercise
+    python practice/judge.py 129 --solution my.py   # grade another file
+    python practice/judge.py 129 --reference        # grade the package's own implementation
+    python practice/judge.py 129 -k preempt --timeout 10
+
+From a notebook (the repository root on sys.path): `from practice.judge import grade; grade(129)`
+shows the same report, or `%run ../practice/judge.py 129`.
+
+Each case runs in a child process of its own (practice/worker.py) under a time limit, so that an
+infinite loop is reported as "time limit exceeded", with the line it was stuck on, and an exception
+as a runtime error with the learner's own traceback lines; the judge itself never hangs. The report
+has one line per case (PASS, FAIL or NOT ATTEMPTED, then indented details) and ends with
+"N passed, N failed"; the exit status is non-zero on any failure, 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+import contextlib
+import linecache
+import multiprocessing as mp
+import os
+import re
+import sys
+import tempfile
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:  # `python practice/judge.py` puts practice/, not the root, first
+    sys.path.insert(0, str(HERE.parent))
+
+from practice import worker  # noqa: E402
+
+DEFAULT_TIMEOUT = 5.0  # seconds per case; the reference needs well under one
+STARTUP_TIMEOUT = 120.0  # a fresh process imports torch (once per judge run with forkserver)
+
+
+class JudgeError(ValueError):
+    """A usage error (unknown exercise, missing file): a message for the learner, not a crash."""
+
+
+@dataclass
+class CaseResult:
+    name: str
+    status: str  # "pass", "fail" or "not attempted"
+    lines: list[str] = field(default_factory=list)
+
+    def format(self) -> list[str]:
+        if self.status == "pass":
+            return [f"PASS  {self.name}"]
+        if self.status == "not attempted":
+            return [f"NOT ATTEMPTED  {self.name}: {self.lines[0]}"]
+        return [f"FAIL  {self.name}"] + ["      " + line for line in self.lines]
+
+
+@dataclass
+class Result:
+    number: int
+    header: str
+    cases: list[CaseResult]
+    preface: list[str] = field(default_factory=list)  # a file that does not load, reported once
+
+    @property
+    def passed(self) -> int:
+        return sum(c.status == "pass" for c in self.cases)
+
+    @property
+    def failed(self) -> int:
+        return len(self.cases) - self.passed
+
+    @property
+    def ok(self) -> bool:
+        return self.failed == 0
+
+    def summary(self) -> str:
+        return f"{self.passed} passed, {self.failed} failed"
+
+    def report(self) -> str:
+        lines = [self.header, *self.preface, *(line for c in self.cases for line in c.format()), self.summary()]
+        return "\n".join(lines)
+
+    __str__ = report
+
+    def __repr__(self) -> str:
+        return f"<judge result for exercise {self.number}: {self.summary()}>"
+
+    def _repr_pretty_(self, p, cycle):  # IPython / Jupyter show the whole report
+        p.text(self.report())
+
+
+def exercises() -> dict[int, Path]:
+    """Exercise number -> its folder, practice/<number>_<name>/ with a cases.py."""
+    found = {}
+    for folder in sorted(HERE.iterdir()):
+        m = re.fullmatch(r"(\d+)_\w+", folder.name)
+        if m and (folder / "cases.py").is_file():
+            found[int(m[1])] = folder
+    return found
+
+
+def title(folder: Path) -> str:
+    readme = folder / "README.md"
+    first = readme.read_text(encoding="utf-8").splitlines()[0] if readme.is_file() else folder.name
+    return first.lstrip("# ").strip()
+
+
+def listing() -> str:
+    found = exercises()
+    width = max(len(_show(folder / "solution.py")) for folder in found.values())
+    rows = [f"  {n}  {_show(folder / 'solution.py'):{width}}  {re.sub(r'^Exercise [0-9]+: *', '', title(folder))}"
+            for n, folder in found.items()]
+    return "\n".join(["exercises (number, the file you edit, title):", *rows])
+
+
+def _show(path: Path | str) -> str:
+    """A path as the learner would type it: relative to the working directory unless far from it."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # another drive (Windows)
+        return str(path)
+    return str(Path(path).resolve()) if rel.startswith(os.path.join(os.pardir, os.pardir)) else rel
+
+
+def _context():
+    # forkserver: torch is imported once, in the server, and every case forks from it (milliseconds).
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["practice.worker", "practice.scenarios", "practice.endtoend"])
+        return ctx
+    return mp.get_context("spawn")
+
+
+@contextlib.contextmanager
+def _main_hidden():
+    """Start children without the parent's __main__.
+
+    forkserver and spawn children re-import the parent's main script, so a learner's script that
+    calls grade() at top level would grade again inside every child. The children need only
+    practice.worker, so multiprocessing is shown a bare __main__ while a child starts.
+    """
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+def _run_child(ctx, folder: Path, solution: str | None, index: int | None, timeout: float) -> dict:
+    reader, writer = ctx.Pipe(duplex=False)
+    fd, dump = tempfile.mkstemp(prefix="judge-", suffix=".txt")
+    os.close(fd)
+    proc = ctx.Process(target=worker.run_case, args=(writer, str(folder), solution, index, timeout, dump),
+                       daemon=True)
+    try:
+        with _main_hidden():
+            proc.start()
+        writer.close()
+        if not reader.poll(STARTUP_TIMEOUT):
+            return {"status": "fail", "lines": [f"the judge could not start a process within {STARTUP_TIMEOUT:g} s"]}
+        reader.recv()  # ("ready",): the learner's code starts now
+        if reader.poll(timeout):
+            return reader.recv()
+        return {"status": "fail", "lines": _time_limit(timeout, dump, solution)}
+    except EOFError:  # the child ended without a verdict: os._exit, a segfault, the OOM killer
+        proc.join(5)
+        return {"status": "fail", "lines": [
+            f"the process running your code died (exit code {proc.exitcode}) without a verdict",
+            "hint: look for os._exit, or memory growing without bound"]}
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        if proc.pid is not None:
+            proc.join()
+        reader.close()
+        os.unlink(dump)
+
+
+def _time_limit(timeout: float, dump: str, solution: str | None) -> list[str]:
+    lines = [f"time limit exceeded ({timeout:g} s): the case did not finish"]
+    text = Path(dump).read_text(errors="replace") if os.path.exists(dump) else ""
+    here = os.path.realpath(solution) if solution else None
+    for path, lineno, func in re.findall(r'File "(.+)", line (\d+) in (\S+)', text):
+        if here and os.path.realpath(path) == here:  # the innermost frame in the learner's file
+            lines += [f'  it was at File "{_show(path)}", line {lineno}, in {func}',
+                      f"    {linecache.getline(path, int(lineno)).strip()}"]
+            break
+    return lines + ["hint: look for a loop that can go round without scheduling, preempting or breaking out"]
+
+
+def grade(number: int, solution: str | Path | None = None, reference: bool = False,
+          timeout: float = DEFAULT_TIMEOUT, only: list[str] | str | None = None, echo: bool = False) -> Result:
+    """Grade exercise `number`: the learner's file (its solution.py, or `solution`), or the reference.
+
+    `only` keeps the cases whose name contains one of these strings. With echo, each line is
+    printed as soon as it is known (the terminal); otherwise the Result shows it (a notebook).
+    """
+    found = exercises()
+    if not str(number).isdigit() or int(number) not in found:
+        raise JudgeError(f"there is no exercise {number!r}.\n{listing()}")
+    number, folder = int(number), found[int(number)]
+    if reference and solution is not None:
+        raise JudgeError("give either a solution file or reference=True (--reference), not both")
+    path = None
+    if not reference:
+        path = Path(solution) if solution is not None else folder / "solution.py"
+        if not path.is_file():
+            raise JudgeError(f"there is no file {str(path)!r}; exercise {number}'s starter is "
+                             f"{_show(folder / 'solution.py')}.\n{listing()}")
+        path = str(path.resolve())
+    emit = (lambda line: print(line, flush=True)) if echo else (lambda line: None)
+    result = Result(number, f"{title(folder)}, grading "
+                    + ("the reference solution" if reference else _show(path)), [])
+    emit(result.header)
+    ctx = _context()
+    loaded = _run_child(ctx, folder, path, None, timeout)  # load the file once; learn the case names
+    names = loaded.get("names") or []
+    if not names:
+        raise RuntimeError("the judge could not load its own cases:\n" + "\n".join(loaded["lines"]))
+    keep = [only] if isinstance(only, str) else only
+    chosen = [i for i, n in enumerate(names) if not keep or any(k in n for k in keep)]
+    if not chosen:
+        raise JudgeError(f"no case of exercise {number} matches {keep}; its cases: {', '.join(names)}")
+    if loaded["status"] != "pass":
+        result.preface = CaseResult(f"loading {_show(path)}", "fail", loaded["lines"]).format()
+        result.cases = [CaseResult(names[i], "fail", ["not run: your file did not load (see above)"]) for i in chosen]
+        for line in [*result.preface, *(line for c in result.cases for line in c.format())]:
+            emit(line)
+    else:
+        for i in chosen:
+            verdict = _run_child(ctx, folder, path, i, timeout)
+            case = CaseResult(names[i], verdict["status"], verdict["lines"])
+            result.cases.append(case)
+            for line in case.format():
+                emit(line)
+    emit(result.summary())
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="practice/judge.py", description="Grade an exercise against nano_engine.")
+    p.add_argument("number", nargs="?", help="the exercise number, e.g. 129")
+    p.add_argument("--list", action="store_true", help="list every exercise")
+    p.add_argument("--solution", metavar="PATH", help="grade this file instead of the exercise's solution.py")
+    p.add_argument("--reference", action="store_true", help="grade the package's own implementation")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                   help=f"time limit per case (default {DEFAULT_TIMEOUT:g})")
+    p.add_argument("-k", dest="only", action="append", metavar="TEXT", help="only the cases whose name contains TEXT")
+    args = p.parse_args(argv)
+    if args.list:
+        print(listing())
+        return 0
+    if args.number is None:
+        print(f"judge: give an exercise number.\n{listing()}", file=sys.stderr)
+        return 2
+    try:
+        result = grade(args.number, args.solution, args.reference, args.timeout, args.only, echo=True)
+    except JudgeError as e:
+        print(f"judge: {e}", file=sys.stderr)
+        return 2
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    status = main()
+    if not hasattr(builtins, "__IPYTHON__"):  # %run in a notebook: no SystemExit traceback
+        sys.exit(status)

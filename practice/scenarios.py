@@ -1,0 +1,174 @@
+"""Scripted scenarios for the scheduler exercises: play a Scheduler step by step without a model,
+record its decisions, and report the first step where the learner's differ from the reference's.
+
+A scenario lists requests (prompt length, max_tokens, the step they arrive at, priority) and the
+scheduler's settings. `play` runs it the way the engine does after each forward pass (a chunk that
+reaches a request's last token samples one token; a request stops at max_tokens), with prefix
+caching off, so that the trace depends on the scheduling decisions alone. `check_scenario` finds
+the first step that differs; practice/hints.py names the kind of mistake in one sentence.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass, field
+
+from nano_engine import BlockPool, Request, SamplingParams, SchedulerConfig
+
+from .hints import explain, show
+from .worker import Mismatch
+
+
+@dataclass(frozen=True)
+class Arrival:
+    rid: str
+    prompt_len: int
+    max_tokens: int = 4
+    step: int = 0  # added just before this step's schedule()
+    priority: int = 0
+
+
+@dataclass
+class Scenario:
+    arrivals: list[Arrival]  # in arrival order
+    num_blocks: int = 64
+    block_size: int = 4
+    settings: dict = field(default_factory=dict)  # SchedulerConfig fields
+
+    @property
+    def config(self) -> SchedulerConfig:
+        return SchedulerConfig(**self.settings)
+
+    def arrival(self, rid: str) -> tuple[int, Arrival]:
+        return next((i, a) for i, a in enumerate(self.arrivals) if a.rid == rid)
+
+    def key(self, rid: str, step: int) -> tuple[float, int]:
+        """The priority policy's key at this step: (priority - aging x steps waited, arrival)."""
+        seq, a = self.arrival(rid)
+        return (a.priority - self.config.priority_aging * (step - a.step), seq)
+
+    def describe(self) -> list[str]:
+        c, prio = self.config, self.config.policy == "priority"
+        head = (f"scenario: budget {c.max_num_batched_tokens}, max_num_seqs {c.max_num_seqs}, "
+                f"{self.num_blocks} KV blocks of {self.block_size} tokens")
+        head += "" if c.enable_chunked_prefill else ", chunked prefill off"
+        head += f", priority_aging {c.priority_aging:g}" if prio else ""
+        reqs = "; ".join(f"{a.rid}: prompt {a.prompt_len}, max_tokens {a.max_tokens}"
+                         + (f", arrives at step {a.step}" if a.step else "")
+                         + (f", priority {a.priority}" if prio else "") for a in self.arrivals)
+        return [head] + textwrap.wrap("requests: " + reqs, 100, subsequent_indent="  ")
+
+
+@dataclass
+class Step:
+    index: int
+    before: str  # the queues before scheduling, for the report
+    running_before: list[str]
+    waiting_before: list[str]
+    behind: dict[str, int]  # tokens behind, before scheduling
+    scheduled: list[tuple[str, int, str]] = field(default_factory=list)  # (request, tokens, kind)
+    preempted: list[str] = field(default_factory=list)
+    running: list[str] = field(default_factory=list)  # after scheduling
+    waiting: list[str] = field(default_factory=list)
+    free: int = 0  # free KV blocks after scheduling
+    problem: str | None = None  # an impossible decision; the play stops there
+
+
+def play(scheduler_cls, sc: Scenario, max_steps: int = 200) -> list[Step]:
+    s = scheduler_cls(sc.config, BlockPool(sc.num_blocks, enable_prefix_caching=False), sc.block_size)
+    last_arrival, steps = max(a.step for a in sc.arrivals), []
+    for t in range(max_steps):
+        for seq, a in enumerate(sc.arrivals):
+            if a.step == t:
+                prompt = [1 + (7 * seq + i) % 50 for i in range(a.prompt_len)]
+                s.add_request(Request(a.rid, prompt, SamplingParams(max_tokens=a.max_tokens),
+                                      arrival_time=float(seq), priority=a.priority, seq=seq))
+        if t > last_arrival and not s.has_unfinished():
+            break
+        step = Step(t, f"running {_queue(s.running)}; waiting {_queue(s.waiting)}; {s.pool.num_free} free blocks",
+                    [r.request_id for r in s.running], [r.request_id for r in s.waiting],
+                    {r.request_id: r.num_behind for r in [*s.running, *s.waiting]})
+        out = s.schedule()
+        step.problem = _record(s, out, step)
+        steps.append(step)
+        if step.problem:
+            break
+        for c in out.chunks:  # what the engine does with the forward pass's result
+            req = c.request
+            req.num_computed = c.start + c.n
+            if req.num_computed == req.num_tokens:
+                req.output_ids.append(1 + len(req.output_ids) % 50)
+                if len(req.output_ids) >= req.sampling_params.max_tokens:
+                    s.finish(req, "length")
+    return steps
+
+
+def _queue(q) -> str:
+    """Each request as id computed/tokens, e.g. "a 8/9"."""
+    return ", ".join(f"{r.request_id} {r.num_computed}/{r.num_tokens}" for r in q) or "-"
+
+
+def _record(s, out, step: Step) -> str | None:
+    """Fill in the step's decisions; describe the first impossible one, if any."""
+    if not (hasattr(out, "chunks") and hasattr(out, "preempted")):
+        return problem(s, out)
+    step.scheduled = [(c.request.request_id, c.n, c.kind) for c in out.chunks]
+    step.preempted = [r.request_id for r in out.preempted]
+    step.running, step.waiting = [r.request_id for r in s.running], [r.request_id for r in s.waiting]
+    step.free = s.pool.num_free
+    return problem(s, out)
+
+
+def problem(s, out) -> str | None:
+    """The first decision in this step's output that no scheduler may take, in one sentence."""
+    if not (hasattr(out, "chunks") and hasattr(out, "preempted")):
+        return f"schedule() returned {type(out).__name__}, not a SchedulerOutput"
+    seen = set()
+    for c in out.chunks:
+        req, rid = c.request, repr(c.request.request_id)
+        if id(req) in seen:
+            return f"{rid} was scheduled twice in one step: one chunk per request per step"
+        seen.add(id(req))
+        if req not in s.running:
+            return (f"{rid} was scheduled but is not in the running queue (admitted requests move to running; "
+                    "preempted ones lose their chunk)")
+        if c.n < 1:
+            return f"{rid} was scheduled {c.n} tokens: schedule only requests that get at least one token"
+        if c.start != req.num_computed:
+            return (f"{rid}'s chunk starts at token {c.start} but its num_computed is {req.num_computed}: "
+                    "a chunk starts where the KV ends")
+        if c.start + c.n > req.num_tokens:
+            return (f"{rid} was scheduled {c.n} tokens but is only {req.num_behind} behind: "
+                    "n = min(tokens behind, budget left)")
+        if len(req.block_ids) * s.block_size < c.start + c.n:
+            return (f"{rid} is scheduled up to token {c.start + c.n} but its block table holds only "
+                    f"{len(req.block_ids) * s.block_size} slots: allocate_slots must make room for "
+                    "num_computed + n tokens")
+    for r in out.preempted:
+        if r in s.running:
+            return (f"{r.request_id!r} was preempted and readmitted: a request was admitted in a step that "
+                    "preempted, but vLLM admits nobody after a preemption (memory is short)")
+        if r.block_ids or r.num_computed:
+            return (f"{r.request_id!r} was preempted but still holds {len(r.block_ids)} block(s) and num_computed "
+                    f"{r.num_computed}: preempt must free all its blocks and set num_computed to 0")
+        if r not in s.waiting:
+            return (f"{r.request_id!r} was preempted but is not in the waiting queue: preempt puts it back at "
+                    "the FRONT of the waiting queue")
+    return None
+
+
+def check_scenario(scheduler_cls, reference_cls, sc: Scenario) -> None:
+    """Play the scenario with both schedulers; raise Mismatch at the first step that differs."""
+    expected = play(reference_cls, sc)
+    assert expected and not expected[-1].problem, "the reference failed its own scenario"
+    got = play(scheduler_cls, sc, max_steps=len(expected) + 1)
+    for e, g in zip(expected, got):
+        hint = explain(sc, e, g)
+        if hint:
+            raise Mismatch(*sc.describe(), *show(e, g), "hint: " + hint)
+    if len(got) != len(expected):
+        more = len(got) > len(expected)
+        raise Mismatch(*sc.describe(), f"the reference finished every request in {len(expected)} steps; "
+                       + ("yours still had requests after that" if more else f"your run stopped after {len(got)}"),
+                       "hint: " + ("a step that schedules nothing while requests wait never ends" if more
+                                   else "a request finishes only when it has max_tokens outputs"))

@@ -1,0 +1,122 @@
+"""The judge's self-checks: the reference passes every case, an untouched starter is not attempted,
+each deliberately wrong solution in judge_mutants/ fails with a message that names its mistake,
+and loops, exceptions, broken files and bad arguments get clear verdicts instead of a hang."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from practice.judge import JudgeError, exercises, grade, main  # noqa: E402
+
+MUTANTS = ROOT / "tests" / "judge_mutants"
+
+# Each mutant, and a phrase that its first failing case must contain.
+MUTANT_PHRASES = {
+    "129_admits_after_preemption.py": "admitted in a step that preempted",
+    "129_preempts_the_head.py": "tail of the running queue",
+    "129_running_pass_ignores_budget.py": "exceeded max_num_batched_tokens",
+    "129_never_chunks.py": "should be chunked",
+    "129_forgets_max_num_seqs.py": "more than max_num_seqs",
+    "129_preempted_to_the_back.py": "FRONT of the waiting queue",
+    "129_preempt_keeps_blocks.py": "free all its blocks",
+    "129_chunks_without_chunked_prefill.py": "enable_chunked_prefill=False",
+    "129_kind_by_length.py": "req.chunk_kind(start)",
+    "129_allocates_a_block_too_many.py": "allocate_slots should take exactly",
+    "130_priority_inverted.py": "smallest key first",
+    "130_no_aging.py": "priority_aging=1",
+    "130_aging_wrong_sign.py": "priority_aging=1",
+    "130_victim_is_the_tail.py": "largest (priority, arrival) key",
+    "130_victim_is_the_most_urgent.py": "largest (priority, arrival) key",
+    "130_ties_ignore_arrival.py": "latest arrival is preempted first",
+}
+GRADED_APART = {"129_loops_when_blocks_run_out.py", "129_raises.py"}
+
+
+@pytest.mark.parametrize("number", [129, 130, 131])
+def test_reference_passes_every_case(number):
+    result = grade(number, reference=True)
+    assert result.ok and result.passed == len(result.cases) > 0, result.report()
+
+
+@pytest.mark.parametrize("number", [129, 130, 131])
+def test_untouched_starter_is_not_attempted(number):
+    result = grade(number)
+    assert [c.status for c in result.cases] == ["not attempted"] * len(result.cases)
+    lines = result.report().splitlines()
+    assert lines[1].startswith("NOT ATTEMPTED  ") and "raises NotImplementedError" in lines[1]
+    assert lines[-1] == f"0 passed, {len(result.cases)} failed"
+
+
+@pytest.mark.parametrize("number", [129, 130])
+def test_a_solution_written_from_the_statement_passes(number):
+    result = grade(number, MUTANTS / f"model_{number}.py")
+    assert result.ok, result.report()
+
+
+def test_every_mutant_file_is_checked():
+    files = {p.name for p in MUTANTS.glob("1[0-9][0-9]_*.py")}
+    assert files == set(MUTANT_PHRASES) | GRADED_APART
+
+
+@pytest.mark.parametrize("name", sorted(MUTANT_PHRASES))
+def test_mutant_fails_with_a_message_naming_its_mistake(name):
+    result = grade(int(name[:3]), MUTANTS / name)
+    failed = [c for c in result.cases if c.status == "fail"]
+    assert failed, result.report()
+    first = "\n".join(failed[0].format())
+    assert MUTANT_PHRASES[name] in first, first
+    assert "hint: " in first and "expected" in first
+    assert result.report().splitlines()[-1] == f"{result.passed} passed, {result.failed} failed"
+
+
+def test_infinite_loop_is_cut_at_the_time_limit_and_located():
+    result = grade(129, MUTANTS / "129_loops_when_blocks_run_out.py", timeout=2.0,
+                   only=["budget_shared_by_one_step", "preempt_the_tail"])
+    ok, looped = result.cases
+    assert ok.status == "pass"
+    text = "\n".join(looped.format())
+    assert looped.status == "fail" and "time limit exceeded (2 s)" in text
+    assert "129_loops_when_blocks_run_out.py" in text and "in waiting_pass" in text  # where it was stuck
+
+
+def test_exception_is_a_runtime_error_with_the_learners_traceback():
+    result = grade(129, MUTANTS / "129_raises.py", only="one_request_prefill_then_decode")
+    text = "\n".join(result.cases[0].format())
+    assert "runtime error: AttributeError" in text
+    assert '129_raises.py", line' in text and "budget -= req.num_behnd" in text
+    assert "judge.py" not in text and "scenarios.py" not in text  # only the learner's own frames
+
+
+def test_a_file_that_does_not_load_is_reported_once(tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text("class Scheduler(\n")
+    result = grade(130, broken)
+    assert not result.ok and result.passed == 0
+    preface = "\n".join(result.preface)
+    assert preface.startswith("FAIL  loading") and "SyntaxError" in preface
+
+
+def test_unknown_exercise_and_missing_file_list_what_exists(capsys):
+    assert main(["999"]) == 2
+    err = capsys.readouterr().err
+    assert "there is no exercise '999'" in err
+    assert all(f"  {n}  " in err for n in exercises())
+    with pytest.raises(JudgeError, match=r"there is no file .*129_scheduler/solution\.py"):
+        grade(129, ROOT / "no_such_solution.py")
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, str(ROOT / "practice" / "judge.py"), *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def test_command_line_exit_status():
+    good, starter, listed = _cli("131", "--reference"), _cli("131"), _cli("--list")
+    assert good.returncode == 0 and good.stdout.splitlines()[-1] == "4 passed, 0 failed"
+    assert starter.returncode == 1 and starter.stdout.splitlines()[-1] == "0 passed, 4 failed"
+    assert listed.returncode == 0 and "129_scheduler/solution.py" in listed.stdout
