@@ -115,6 +115,10 @@ def compare_figure(logs: dict[str, Sequence[StepRecord]], x: str = "steps"):
         plot_timeline(log, ax=ax, x=x, title=f"{name}: {len(log)} steps")
         if ax is not axes[-1, 0]:
             ax.set_xlabel("")
+    # The axes are shared and each plot_timeline set the limit to its own run: use the longest.
+    ends = [len(log) if x == "steps" else log[-1].start - log[0].start + log[-1].duration
+            for log in logs.values() if log]
+    axes[0, 0].set_xlim(0, max(ends, default=1))
     fig.tight_layout()
     return fig
 

@@ -67,6 +67,7 @@ def test_static_waits_for_the_whole_batch(tiny):
     assert len(continuous) < len(static)
     fig = compare_figure(logs)
     assert len(fig.axes) == 3
+    assert fig.axes[-1].get_xlim() == (0, max(map(len, logs.values())))  # no run is cut off
 
 
 def test_widget_switches_method_and_budget(tiny):
