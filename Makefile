@@ -1,5 +1,8 @@
 # The two commands of the README. Both set up .venv first (quick when it is already set up).
 PY := .venv/bin/python
+# OpenMP threads that spin while another process holds the cores slow every step many-fold
+# (the tests run two workers on two cores).
+export OMP_WAIT_POLICY := PASSIVE
 
 .PHONY: setup run test
 
@@ -10,7 +13,9 @@ setup:
 run: setup
 	$(PY) -m nano_engine
 
-# Every test: unit and property tests, the judge's self-checks, the notebooks under strict nbval.
+# Every test: unit and property tests, the judge's self-checks, JupyterLab in headless Chromium,
+# the notebooks under strict nbval.
 # --dist loadfile keeps each notebook's cells on one worker (one kernel per notebook).
 test: setup
+	bash scripts/install_chromium.sh
 	$(PY) -m pytest -n 2 --dist loadfile tests notebooks --nbval --nbval-sanitize-with notebooks/sanitize.cfg
