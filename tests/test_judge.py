@@ -17,6 +17,20 @@ MUTANTS = ROOT / "tests" / "judge_mutants"
 
 # Each mutant, and a phrase that its first failing case must contain.
 MUTANT_PHRASES = {
+    "126_rope_rotates_the_wrong_way.py": "the rotation goes the wrong way",
+    "126_rope_adjacent_pairs.py": "not the neighbours (2i, 2i + 1)",
+    "126_attention_not_causal.py": "not causal",
+    "126_attention_mask_ignores_cache.py": "the mask ignores the cached prefix",
+    "126_attention_gqa_repeat.py": "repeat_interleave",
+    "127_forgets_reference_counts.py": "free drops one reference per block",
+    "127_frees_to_the_front.py": "joins the END of the free queue",
+    "127_allows_double_free.py": "must raise RuntimeError",
+    "127_touch_leaves_block_free.py": "must leave the free queue",
+    "127_keeps_stale_prefix.py": "may still hold a cached prefix",
+    "128_slot_is_position.py": "comes from the block table",
+    "128_start_off_by_one.py": "off by one",
+    "128_logits_of_the_first_token.py": "LAST new token",
+    "128_samples_every_chunk.py": "only a chunk with sample=True",
     "129_admits_after_preemption.py": "admitted in a step that preempted",
     "129_preempts_the_head.py": "tail of the running queue",
     "129_running_pass_ignores_budget.py": "exceeded max_num_batched_tokens",
@@ -37,13 +51,13 @@ MUTANT_PHRASES = {
 GRADED_APART = {"129_loops_when_blocks_run_out.py", "129_raises.py"}
 
 
-@pytest.mark.parametrize("number", [129, 130, 131])
+@pytest.mark.parametrize("number", [126, 127, 128, 129, 130, 131])
 def test_reference_passes_every_case(number):
     result = grade(number, reference=True)
     assert result.ok and result.passed == len(result.cases) > 0, result.report()
 
 
-@pytest.mark.parametrize("number", [129, 130, 131])
+@pytest.mark.parametrize("number", [126, 127, 128, 129, 130, 131])
 def test_untouched_starter_is_not_attempted(number):
     result = grade(number)
     assert [c.status for c in result.cases] == ["not attempted"] * len(result.cases)
@@ -52,7 +66,7 @@ def test_untouched_starter_is_not_attempted(number):
     assert lines[-1] == f"0 passed, {len(result.cases)} failed"
 
 
-@pytest.mark.parametrize("number", [129, 130])
+@pytest.mark.parametrize("number", [126, 127, 128, 129, 130])
 def test_a_solution_written_from_the_statement_passes(number):
     result = grade(number, MUTANTS / f"model_{number}.py")
     assert result.ok, result.report()

@@ -1,0 +1,103 @@
+"""Cases of exercise 127: the learner's BlockPool against nano_engine's, operation by operation.
+
+A script is a list of operations (`a = allocate(3)`, `touch(a[:1])`, `free(reversed(a))`, ...)
+played on both pools; after each one the results, the errors, the reference counts, num_free, the
+free queue's order and the prefix cache must agree, and the first difference is reported with a
+hint. Then the engine runs on the tiny model with the learner's pool, under a tight pool that
+forces preemption and with prompts that share a prefix: outputs must equal single-request
+generation, and the engine must make the same decisions as with nano_engine's pool.
+"""
+
+import random
+
+import nano_engine.paged as ref
+from practice.poolcheck import HASH_BLOCK, check_engine, play
+from practice.worker import Case, Mismatch
+
+REFERENCE_FILE = ref.__file__
+
+
+def learner(module):
+    cls = getattr(module, "BlockPool", None)
+    if not (isinstance(cls, type) and issubclass(cls, ref.BlockPool)):
+        raise Mismatch("your file must define class BlockPool, a subclass of nano_engine.paged.BlockPool")
+    return cls
+
+
+def reference():
+    return ref.BlockPool
+
+
+def scripted(name, num_blocks, ops):
+    return Case(name, lambda cls: play(cls, num_blocks, ops))
+
+
+def _random_script(seed: int, num_blocks: int, length: int) -> list[str]:
+    """Allocations (some too large), frees in reverse, shared references, prefix caching, at random."""
+    rng = random.Random(seed)
+    pool = ref.BlockPool(num_blocks)
+    held: list[tuple[str, list[int]]] = []  # (expression, blocks) of each reference still to drop
+    ops, names = [], 0
+    for _ in range(length):
+        roll = rng.random()
+        if roll < 0.4:
+            n = rng.randint(1, 3) if rng.random() < 0.85 else pool.num_free + 1
+            if n > pool.num_free:
+                ops.append(f"allocate({n})")
+                continue
+            name, names = f"b{names}", names + 1
+            ops.append(f"{name} = allocate({n})")
+            held.append((name, pool.allocate(n)))
+            if rng.random() < 0.5:  # name the blocks, as if full of computed tokens
+                tokens = [rng.randrange(50) for _ in range(HASH_BLOCK * n)]
+                ops.append(f"cache({name}, {tokens})")
+                pool.cache_blocks(held[-1][1], ref.block_hashes(tokens, HASH_BLOCK))
+        elif roll < 0.75 and held:
+            expr, blocks = held.pop(rng.randrange(len(held)))
+            ops.append(f"free(reversed({expr}))")
+            pool.free(reversed(blocks))
+        else:
+            cached = [b for b in pool.free_queue if pool.block_hash[b] is not None]
+            if cached and (rng.random() < 0.5 or not held):  # a prefix-cache hit on a freed block
+                shared = [cached[-1]]
+            elif held:  # another request shares a held prefix
+                blocks = rng.choice(held)[1]
+                shared = blocks[:rng.randint(1, len(blocks))]
+            else:
+                continue
+            ops.append(f"touch({shared})")
+            pool.touch(shared)
+            held.append((str(shared), shared))
+    return ops
+
+
+# (prompt length, max_tokens, the step it arrives at); prompts of a shared-prefix case share the first 12 tokens
+TIGHT = [(5, 10, 0), (17, 12, 0), (14, 10, 0), (9, 12, 0), (3, 11, 0), (12, 9, 0)]
+SHARED = [(14, 10, 0), (16, 12, 2), (13, 10, 2), (20, 9, 3), (15, 10, 4), (18, 8, 5)]
+
+CASES = [
+    scripted("allocate_from_a_fresh_pool", 8, ["a = allocate(3)", "b = allocate(2)", "allocate(3)"]),
+    scripted("allocate_more_than_free_raises_and_takes_nothing", 4,
+             ["a = allocate(3)", "allocate(2)", "b = allocate(1)", "allocate(1)"]),
+    scripted("freed_blocks_join_the_end_of_the_queue", 6,
+             ["a = allocate(3)", "b = allocate(2)", "free(reversed(a))", "c = allocate(2)", "free(b)",
+              "d = allocate(3)"]),
+    scripted("a_shared_block_is_free_only_when_nobody_holds_it", 4,
+             ["a = allocate(2)", "touch(a[:1])", "free(reversed(a))", "b = allocate(2)", "allocate(1)",
+              "free(a[:1])", "c = allocate(1)"]),
+    scripted("double_free_raises", 3, ["a = allocate(2)", "free(a)", "free(a[1:])"]),
+    scripted("touch_takes_a_free_block_out_of_the_queue", 4,
+             ["a = allocate(2)", "cache(a, [1, 2, 3, 4])", "free(reversed(a))", "hit = lookup(hashes([1, 2, 3, 4]))",
+              "touch(hit)", "b = allocate(2)", "allocate(1)", "free(reversed(hit))", "c = allocate(1)"]),
+    scripted("a_reused_block_forgets_its_prefix", 4,
+             ["a = allocate(2)", "cache(a, [1, 2, 3, 4])", "free(reversed(a))", "lookup(hashes([1, 2, 3, 4]))",
+              "b = allocate(3)", "lookup(hashes([1, 2, 3, 4]))", "c = allocate(1)", "lookup(hashes([1, 2]))"]),
+    scripted("random_operations", 10, _random_script(127, 10, 60)),
+    scripted("random_operations_small_pool", 4, _random_script(7, 4, 60)),
+    Case("end_to_end_tight_pool_preempts",
+         lambda cls: check_engine(cls, ref.BlockPool, dict(max_num_batched_tokens=16, num_blocks=12, block_size=4,
+                                                            enable_prefix_caching=False), TIGHT, seed=2)),
+    Case("end_to_end_shared_prefix",
+         lambda cls: check_engine(cls, ref.BlockPool, dict(max_num_batched_tokens=16, num_blocks=12, block_size=4),
+                                  SHARED, seed=3, shared_prefix=12)),
+]

@@ -1,0 +1,241 @@
+"""Cases of exercise 128: the learner's slot mapping and batch inputs against nano_engine.runner's.
+
+Hand-made and random chunks first (a prefill, a chunk on top of a cached prefix, decodes, a chunk
+in the middle of a prompt that samples nothing), comparing input_ids, positions, slot_mapping,
+query_start and logits_indices one by one; a difference is reported with the chunks, what was
+expected, what came and a hint that names the usual mistake (slots taken from positions instead of
+the block table, an off-by-one start, the first token's logits row instead of the last). Then
+nano_engine's ModelRunner runs three steps on the learner's batches over a tiny model: every
+sampled row's logits must equal those of its sequence run alone.
+"""
+
+import dataclasses
+import random
+from types import SimpleNamespace
+
+import torch
+
+import nano_engine.runner as ref
+from nano_engine.runner import SeqChunk
+from nano_engine.tiny import tiny_model
+from practice.worker import Case, Mismatch
+
+REFERENCE_FILE = ref.__file__
+FIELDS = ("input_ids", "positions", "slot_mapping", "query_start", "logits_indices")
+
+
+def _slots(block_ids, start, end, block_size):
+    if hasattr(ref, "slots_of"):
+        return ref.slots_of(block_ids, start, end, block_size)
+    return ref.build_batch([SeqChunk([0] * (end - start), start, block_ids, False)], block_size).slot_mapping
+
+
+def learner(module):
+    missing = [n for n in ("slot_mapping", "build_batch") if not callable(getattr(module, n, None))]
+    if missing:
+        raise Mismatch(f"your file must define the functions {', '.join(missing)}")
+    return module
+
+
+def reference():
+    return SimpleNamespace(slot_mapping=_slots, build_batch=ref.build_batch)
+
+
+def _ints(x, what: str) -> list[int]:
+    try:
+        return [int(v) for v in (x.tolist() if isinstance(x, torch.Tensor) else x)]
+    except (TypeError, ValueError):
+        raise Mismatch(f"{what} is {type(x).__name__} {x!r:.60}", "  expected a 1-D tensor or list of integers",
+                       "hint: return torch.tensor(values, dtype=torch.long)") from None
+
+
+def _positions(block_ids, positions, block_size):
+    return [block_ids[p // block_size] * block_size + p % block_size for p in positions]
+
+
+def _span(a: int, b: int) -> str:
+    return f"position {a}" if b == a + 1 else f"positions {a} .. {b - 1}"
+
+
+def _slot_hint(got, block_ids, start, end, block_size) -> str:
+    """One sentence for a wrong slot list of positions start..end-1 of one sequence."""
+    n = end - start
+    if got == list(range(start, end)):
+        return ("a token's slot comes from the block table, block_ids[p // block_size] * block_size + "
+                "p % block_size, not its position p: blocks are anywhere in the cache")
+    if got == [block_ids[p // block_size] + p % block_size for p in range(start, end)]:
+        return "a block owns block_size slots: slot = block_id * block_size + offset, not block_id + offset"
+    for shift in (1, -1):
+        if 0 <= start + shift and end + shift <= len(block_ids) * block_size and \
+                got == _positions(block_ids, range(start + shift, end + shift), block_size):
+            return (f"off by one: these are the slots of {_span(start + shift, end + shift)}; the new "
+                    f"tokens sit at {_span(start, end)}")
+    if start and got == _positions(block_ids, range(n), block_size):
+        return f"the new tokens come after {start} cached ones: they sit at {_span(start, end)}, not {_span(0, n)}"
+    return "slot of position p = block_ids[p // block_size] * block_size + p % block_size"
+
+
+def _check_slots(api, block_ids, start, end, bs):
+    call = f"slot_mapping(block_ids={block_ids}, start={start}, end={end}, block_size={bs})"
+    want = _ints(_slots(block_ids, start, end, bs), "the reference")
+    got = _ints(api.slot_mapping(list(block_ids), start, end, bs), call)
+    if got != want:
+        raise Mismatch(call, f"  expected {want}", f"  got      {got}",
+                       "hint: " + _slot_hint(got, block_ids, start, end, bs))
+
+
+def _describe(chunks, bs) -> list[str]:
+    rows = [f"chunks (block_size {bs}):"]
+    for s, c in enumerate(chunks):
+        n = len(c.token_ids)
+        rows.append(f"  {s}: {n} new token{'s' * (n != 1)} {list(c.token_ids)} on {c.num_cached} cached, "
+                    f"blocks {list(c.block_ids)}" + (", samples" if c.sample else ", samples nothing"))
+    return rows
+
+
+def _field_hint(name, got, chunks, bs) -> str:
+    lens = [len(c.token_ids) for c in chunks]
+    starts = [sum(lens[:s]) for s in range(len(chunks) + 1)]
+    if name in ("input_ids", "positions", "slot_mapping") and len(got) != starts[-1]:
+        return f"{name} has one entry per new token: {starts[-1]} here, chunk after chunk"
+    if name == "input_ids":
+        return "input_ids are every chunk's new tokens (c.token_ids), back to back in chunk order"
+    if name == "positions":
+        if got == [p for n in lens for p in range(n)]:
+            return "positions continue from num_cached: a chunk's new tokens sit at num_cached .. num_cached + n - 1"
+        return "positions: num_cached .. num_cached + n - 1 for each chunk, back to back"
+    if name == "slot_mapping":
+        for s, c in enumerate(chunks):
+            part, end = got[starts[s]:starts[s + 1]], c.num_cached + lens[s]
+            if part != _positions(c.block_ids, range(c.num_cached, end), bs):
+                return f"chunk {s}: " + _slot_hint(part, list(c.block_ids), c.num_cached, end, bs)
+        return "one slot per new token, chunk after chunk"
+    if name == "query_start":
+        if got == lens:
+            return "query_start is cumulative: [0, n0, n0 + n1, ...], B + 1 entries"
+        return "query_start starts at 0 and adds each chunk's number of new tokens: B + 1 entries"
+    sampling = [s for s, c in enumerate(chunks) if c.sample]
+    if got == [starts[s] for s in sampling]:
+        return ("the row that samples is a chunk's LAST new token, query_start[s + 1] - 1: its output predicts "
+                "the next token")
+    if len(got) > len(sampling):
+        return ("only a chunk with sample=True gets a logits row: a chunk in the middle of a prompt predicts "
+                "nothing anyone needs")
+    return "one row per chunk with sample=True, its last new token, query_start[s + 1] - 1, in chunk order"
+
+
+def _compare(api, chunks, bs):
+    """(learner's fields as lists, the first wrong field's report lines or None)."""
+    want = ref.build_batch(chunks, bs)
+    out = api.build_batch(list(chunks), bs)
+    got = {}
+    for name in FIELDS:
+        if not hasattr(out, name):
+            raise Mismatch(f"build_batch returned {type(out).__name__}, without the field {name!r}",
+                           f"  expected a BatchInputs with the fields {', '.join(FIELDS)}",
+                           "hint: return BatchInputs(input_ids, positions, slot_mapping, query_start, logits_indices)")
+        got[name] = _ints(getattr(out, name), f"build_batch(...).{name}")
+    for name in FIELDS:
+        w = _ints(getattr(want, name), name)
+        if got[name] != w:
+            return got, [f"  {name}  expected {w}", f"  {' ' * len(name)}  got      {got[name]}",
+                         "hint: " + _field_hint(name, got[name], chunks, bs)]
+    return got, None
+
+
+def _check_batch(api, chunks, bs):
+    _, wrong = _compare(api, chunks, bs)
+    if wrong:
+        raise Mismatch(*_describe(chunks, bs), *wrong)
+
+
+def _random_chunks(seed, bs=4, num_blocks=32):
+    rng = random.Random(seed)
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    chunks = []
+    for _ in range(rng.randint(2, 5)):
+        cached, n = rng.choice([0, rng.randint(1, 12)]), rng.choice([1, rng.randint(1, 9)])
+        table = [free.pop() for _ in range(-(-(cached + n) // bs))]
+        chunks.append(SeqChunk([rng.randrange(64) for _ in range(n)], cached, table, rng.random() < 0.7))
+    return chunks
+
+
+def _check_random(api, seeds):
+    for seed in seeds:
+        _check_batch(api, _random_chunks(seed), 4)
+
+
+# ----- end to end -----
+
+def _check_forward(api, seed=0, bs=4, num_blocks=16):
+    model = tiny_model(seed)
+    runner = ref.ModelRunner(model, num_blocks, bs)
+    gen = random.Random(seed)
+    tokens = {s: [gen.randrange(1, 64) for _ in range(n)] for s, n in zip("ABCD", (11, 5, 1, 9))}
+    for s in tokens:  # the decode tokens, fixed in advance: logits must match whatever the tokens are
+        tokens[s] += [gen.randrange(1, 64) for _ in range(2)]
+    blocks = list(range(num_blocks))
+    gen.shuffle(blocks)
+    table = {s: [blocks.pop() for _ in range(-(-len(t) // bs))] for s, t in tokens.items()}
+    steps = [  # (sequence, num_cached, n, sample): a prompt in two chunks, prefills, decodes, all ragged
+        [("A", 0, 6, False), ("B", 0, 5, True), ("C", 0, 1, True)],
+        [("A", 6, 5, True), ("B", 5, 1, True), ("D", 0, 9, True), ("C", 1, 1, True)],
+        [("D", 9, 1, True), ("A", 11, 1, True), ("C", 2, 1, True), ("B", 6, 1, True)],
+    ]
+    for i, step in enumerate(steps):
+        chunks = [SeqChunk(tokens[s][c:c + n], c, table[s], smp) for s, c, n, smp in step]
+        got, wrong = _compare(api, chunks, bs)
+        context = [f"step {i + 1} of 3 of nano_engine's ModelRunner on your batches, tiny model, "
+                   f"{num_blocks} blocks of {bs}", *_describe(chunks, bs)]
+        rows = [(s, c + n) for s, c, n, smp in step if smp]
+        broken = _malformed(got, len(chunks), len(rows), num_blocks * bs)
+        if broken:  # it would not even run: say what is wrong with it instead
+            raise Mismatch(*context, f"your batch cannot run: {broken}", *(wrong or []))
+        batch = dataclasses.replace(ref.build_batch(chunks, bs), **{
+            k: (v if k == "query_start" else torch.tensor(v, dtype=torch.long)) for k, v in got.items()})
+        logits = runner.forward(batch)
+        for (s, end), row in zip(rows, logits):
+            alone = model.compute_logits(model(torch.tensor(tokens[s][:end]), torch.arange(end)))[-1]
+            if not torch.allclose(row, alone, rtol=1e-7, atol=1e-9):
+                raise Mismatch(*context, f"sequence {s}'s logits after its first {end} tokens differ from running "
+                               f"it alone: expected {_short(alone)}, got {_short(row)}",
+                               *(["your batch differs from nano_engine's:", *wrong] if wrong else
+                                 ["hint: the batch matched nano_engine's: look for state kept between calls"]))
+        if wrong:
+            raise Mismatch(*context, "the logits were right, but your batch differs from nano_engine's:", *wrong)
+
+
+def _short(t) -> str:
+    return "[" + ", ".join(f"{x:.4f}" for x in t[:4].tolist()) + ", ...]"
+
+
+def _malformed(got, num_chunks, num_sampling, num_slots) -> str | None:
+    T, qs = len(got["input_ids"]), got["query_start"]
+    if len(got["positions"]) != T or len(got["slot_mapping"]) != T:
+        return f"{T} input_ids but {len(got['positions'])} positions and {len(got['slot_mapping'])} slots"
+    if len(qs) != num_chunks + 1 or qs[0] != 0 or qs[-1] != T or any(a >= b for a, b in zip(qs, qs[1:])):
+        return f"query_start {qs} does not split {T} rows into {num_chunks} chunks"
+    if any(not 0 <= x < num_slots for x in got["slot_mapping"]):
+        return f"a slot outside the cache's {num_slots} slots"
+    if len(got["logits_indices"]) != num_sampling or any(not 0 <= x < T for x in got["logits_indices"]):
+        return f"logits_indices {got['logits_indices']} should name {num_sampling} of the {T} rows"
+    return None
+
+
+CASES = [
+    Case("slot_mapping_within_one_block", lambda api: _check_slots(api, [3], 0, 3, 4)),
+    Case("slot_mapping_across_scattered_blocks", lambda api: _check_slots(api, [5, 2, 7], 0, 10, 4)),
+    Case("slot_mapping_from_the_middle_of_a_block", lambda api: _check_slots(api, [5, 2, 7], 6, 11, 4)),
+    Case("slot_mapping_of_one_decode_token", lambda api: _check_slots(api, [1, 0], 5, 6, 4)),
+    Case("batch_one_prefill", lambda api: _check_batch(api, [SeqChunk([9, 8, 7, 6, 5], 0, [2, 0], True)], 4)),
+    Case("batch_chunk_on_a_cached_prefix",
+         lambda api: _check_batch(api, [SeqChunk([4, 4, 1, 2, 3], 6, [1, 6, 3], True)], 4)),
+    Case("batch_decodes", lambda api: _check_batch(api, [SeqChunk([7], 4, [3, 2], True), SeqChunk([8], 0, [6], True),
+                                                         SeqChunk([9], 9, [4, 5, 1], True)], 4)),
+    Case("batch_mid_prompt_chunk_samples_nothing",
+         lambda api: _check_batch(api, [SeqChunk([1, 2, 3], 0, [5, 6], False), SeqChunk([4], 7, [0, 2], True),
+                                        SeqChunk([5, 6], 3, [1, 3], False), SeqChunk([7, 8, 9], 2, [4, 7], True)], 4)),
+    Case("batch_random", lambda api: _check_random(api, range(128, 148))),
+    Case("end_to_end_ragged_forward_equals_each_sequence_alone", _check_forward),
+]

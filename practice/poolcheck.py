@@ -1,0 +1,205 @@
+"""Checks for the block pool exercise (127): play a script of pool operations on two pools, and
+run the engine on a tiny model with the learner's pool.
+
+`play` runs each operation on nano_engine's BlockPool, then on the learner's, and compares what
+came back (ids, errors) and the state after it (reference counts, num_free, the free queue's
+order, which blocks hold a cached prefix); `_hint` names the mistake behind the first difference
+in one sentence. `check_engine` swaps the learner's pool into LLMEngine, as the exercise's only
+change, and compares outputs with single-request generation and decisions with the reference run.
+"""
+
+from __future__ import annotations
+
+import random
+
+from nano_engine import LLMEngine, SamplingParams, generate
+from nano_engine.paged import BlockPool, block_hashes
+from nano_engine.tiny import tiny_model
+
+from .worker import Mismatch
+
+HASH_BLOCK = 2  # tokens per block in scripts' cache(...) and hashes(...)
+SHOWN = 6  # earlier operations listed in a report
+
+
+def _state(pool):
+    return {"ref counts": list(pool.ref_count), "free queue (next out first)": list(pool.free_queue),
+            "num_free": pool.num_free, "blocks holding a cached prefix": sorted(pool.cached.values())}
+
+
+def _env(pool) -> dict:
+    return {"__builtins__": {}, "reversed": reversed, "allocate": pool.allocate, "free": pool.free,
+            "touch": pool.touch, "lookup": pool.lookup, "hashes": lambda t: block_hashes(t, HASH_BLOCK),
+            "cache": lambda ids, t: pool.cache_blocks(ids, block_hashes(t, HASH_BLOCK))}
+
+
+def _do(env: dict, op: str, ref_error=None, learner=False):
+    name, _, expr = op.rpartition(" = ")
+    try:
+        result = eval(expr, env)  # the judge's own scripts, never the learner's text
+    except NotImplementedError:
+        raise
+    except Exception as e:
+        # The learner's unexpected errors keep their traceback (a runtime error in the report).
+        if learner and ref_error is None and not isinstance(e, (ValueError, RuntimeError)):
+            raise
+        if not learner and not isinstance(e, (ValueError, RuntimeError)):
+            raise
+        return None, e
+    result = None if result is None else list(result)
+    if name:
+        env[name] = result
+    return result, None
+
+
+def _err(e) -> str:
+    return "no error" if e is None else f"{type(e).__name__}: {e}"
+
+
+def play(pool_cls, num_blocks: int, ops: list[str]) -> None:
+    ref_pool, pool = BlockPool(num_blocks), pool_cls(num_blocks)
+    ref_env, env = _env(ref_pool), _env(pool)
+    done: list[str] = []
+    for i, op in enumerate(ops):
+        before = _state(ref_pool)
+        want, want_err = _do(ref_env, op)
+        got, got_err = _do(env, op, want_err, learner=True)
+        rows, kind = [], None
+        if type(want_err) is not type(got_err):
+            rows, kind = [f"  expected {_err(want_err)}", f"  got      {_err(got_err)}"], "error"
+        elif want != got:
+            rows, kind = [f"  returned  expected {want}", f"            got      {got}"], "result"
+        else:
+            w, g = _state(ref_pool), _state(pool)
+            for key in w:
+                if w[key] != g[key]:
+                    pad = " " * len(key)
+                    rows, kind = [f"  {key}  expected {w[key]}", f"  {pad}  got      {g[key]}"], key
+                    break
+        if kind:
+            head = [f"a pool of {num_blocks} blocks" + (", after:" if done else "")]
+            if len(done) > SHOWN:
+                head.append(f"  ... ({len(done) - SHOWN} earlier operations)")
+            raise Mismatch(*head, *done[-SHOWN:], f"step {i + 1}: {op}", *rows,
+                           "hint: " + _hint(op, kind, before, want_err, got_err, pool))
+        shown = want if want is not None else want_err and f"raises {type(want_err).__name__}"
+        done.append(f"  {op:32} -> {shown}" if shown else f"  {op}")
+
+
+def _hint(op: str, kind: str, before: dict, want_err, got_err, pool) -> str:
+    verb = op.rpartition(" = ")[2].split("(")[0]
+    queue = before["free queue (next out first)"]
+    if verb == "allocate":
+        if kind == "error" and want_err is not None:
+            return (f"allocate(n) with n > num_free (here {before['num_free']} free) must raise ValueError "
+                    "and take no block")
+        if kind == "error":
+            return "allocate(n) fails only when n > num_free"
+        if want_err is not None:
+            return "check n > num_free before taking any block: a failed allocate changes nothing"
+        if kind == "result":
+            return (f"allocate hands out blocks from the FRONT of the free queue, least recently freed first "
+                    f"(self.free_queue.popitem(last=False)); the free queue before this step was {queue}")
+        if kind == "ref counts":
+            return "an allocated block starts with reference count 1"
+        if kind == "blocks holding a cached prefix":
+            return ("a reused block may still hold a cached prefix: forget it (del self.cached[self.block_hash[b]]; "
+                    "self.block_hash[b] = None), or a later lookup finds a block whose KV was overwritten")
+    if verb == "free":
+        if kind == "error" and want_err is not None:
+            return ("freeing a block whose reference count is already 0 must raise RuntimeError: a double free "
+                    "would put it in the free queue twice and hand it to two requests")
+        if kind == "error":
+            return "a block can be freed once for each allocate or touch that took it"
+        if kind == "ref counts":
+            return "free drops one reference per block: self.ref_count[b] -= 1, never straight to 0"
+        if kind == "free queue (next out first)":
+            busy = [b for b in pool.free_queue if pool.ref_count[b] > 0]
+            if busy:
+                return (f"a block returns to the free queue only when its reference count drops to 0: block "
+                        f"{busy[0]} is still held (count {pool.ref_count[busy[0]]})")
+            new = [b for b in list(pool.free_queue) if b not in queue]
+            if new and list(pool.free_queue)[:len(new)] == new and queue:
+                return ("a freed block joins the END of the free queue (self.free_queue[b] = None): the least "
+                        "recently freed block is reused first, so cached prefixes live as long as possible")
+            return ("freed blocks join the END of the free queue in the order given: the scheduler passes a "
+                    "request's blocks in reverse, so that its tail blocks, the least likely to be shared, go first")
+        if kind == "blocks holding a cached prefix":
+            return "free keeps a block's cached prefix: it stays findable until allocate reuses the block"
+    if verb == "touch":
+        if kind == "error":
+            return "touch never fails: it takes a reference to blocks that lookup found"
+        if kind == "ref counts":
+            return "touch takes one more reference to each block: self.ref_count[b] += 1"
+        if kind == "free queue (next out first)":
+            return ("a touched block that was free (count 0) must leave the free queue (del self.free_queue[b]), or "
+                    "allocate would hand it to another request while it is in use")
+    if kind == "num_free":
+        return "num_free is the number of blocks in the free queue: len(self.free_queue)"
+    if verb == "lookup":
+        return "lookup finds blocks by their prefix names: a block reused by allocate must lose its name"
+    return "compare the state after each operation with the statement's rules"
+
+
+# ----- end to end -----
+
+def _run(pool_cls, model, prompts, workload, settings, max_steps):
+    engine = LLMEngine(model, **settings)
+    engine.block_pool = pool_cls(engine.config.num_blocks, engine.config.enable_prefix_caching)
+    engine.scheduler.pool = engine.block_pool  # the scheduler allocates, frees and touches; the engine caches
+    pending = sorted(range(len(workload)), key=lambda i: workload[i][2])
+    while pending or engine.has_unfinished():
+        while pending and workload[pending[0]][2] <= len(engine.step_log):
+            i = pending.pop(0)
+            engine.add_request(prompts[i], SamplingParams(max_tokens=workload[i][1], ignore_eos=True),
+                               request_id=f"r{i}")
+        if len(engine.step_log) >= max_steps:
+            raise Mismatch(f"requests were still unfinished after {max_steps} steps",
+                           "  expected every request to finish, as with nano_engine's pool",
+                           "hint: num_free must count the free queue, and free must put blocks back")
+        engine.step()
+    return engine
+
+
+def _first_difference(ref, engine) -> list[str]:
+    for a, b in zip(ref.step_log, engine.step_log):
+        if (a.scheduled, a.preempted, a.num_free_blocks) != (b.scheduled, b.preempted, b.num_free_blocks):
+            return [f"step {a.step}: expected {a.scheduled}, preempted {a.preempted}, {a.num_free_blocks} free blocks",
+                    f"{' ' * len(str(a.step))}       got      {b.scheduled}, preempted {b.preempted}, "
+                    f"{b.num_free_blocks} free blocks"]
+    return []
+
+
+def check_engine(pool_cls, ref_cls, settings: dict, workload, seed: int = 0, shared_prefix: int = 0) -> None:
+    """workload: (prompt length, max_tokens, arrival step) per request; prompts share `shared_prefix` tokens."""
+    model = tiny_model(seed)
+    rng = random.Random(seed)
+    common = [rng.randrange(1, model.config.vocab_size) for _ in range(shared_prefix)]
+    prompts = [common + [rng.randrange(1, model.config.vocab_size) for _ in range(n - shared_prefix)]
+               for n, _, _ in workload]
+    ref = _run(ref_cls, model, prompts, workload, settings, max_steps=10_000)
+    hits = {rid: r.num_cached_tokens for rid, r in ref.requests.items()}
+    assert ref.stats.preemptions > 0 and (any(hits.values()) or not shared_prefix), "the case should preempt and hit"
+    engine = _run(pool_cls, model, prompts, workload, settings, max_steps=3 * ref.stats.steps + 20)
+    setting = ", ".join(f"{k}={v}" for k, v in settings.items())
+    head = f"the engine({setting}) with your pool, {len(workload)} requests" + (
+        f" sharing a {shared_prefix}-token prefix" if shared_prefix else "")
+    diff = _first_difference(ref, engine)
+    where = ["the first step that differs from the run with nano_engine's pool:", *diff] if diff else []
+    for i, (p, (_, m, _)) in enumerate(zip(prompts, workload)):
+        want, got = generate(model, p, m), engine.requests[f"r{i}"].output_ids
+        if got != want:
+            raise Mismatch(f"{head}: request r{i} differs from generating it alone",
+                           f"  expected  {want}", f"  got       {got}",
+                           *where,
+                           "hint: a block still held by one request was handed to another, or a reused block kept its "
+                           "prefix name, so its KV was overwritten: run the scripted cases above first")
+    if diff:
+        raise Mismatch(f"{head}: outputs are right, but the run differs from the one with nano_engine's pool", *diff,
+                       "hint: the scheduler's decisions depend on num_free and on which freed blocks keep their "
+                       "prefix: the scripted cases above show which operation differs")
+    got_hits = {rid: r.num_cached_tokens for rid, r in engine.requests.items()}
+    if got_hits != hits:
+        raise Mismatch(f"{head}: prefix-cache hits (tokens) differ", f"  expected  {hits}", f"  got       {got_hits}",
+                       "hint: freed blocks join the END of the free queue, a request's tail first, so shared head "
+                       "blocks are evicted last")

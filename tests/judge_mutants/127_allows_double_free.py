@@ -1,0 +1,17 @@
+"""Mutant of exercise 127: freeing a free block is silently ignored instead of raising."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from model_127 import BlockPool as Model  # noqa: E402
+
+
+class BlockPool(Model):
+    def free(self, block_ids):
+        for b in block_ids:
+            if self.ref_count[b] == 0:
+                continue  # MUTANT: should raise RuntimeError
+            self.ref_count[b] -= 1
+            if self.ref_count[b] == 0:
+                self.free_queue[b] = None
