@@ -8,7 +8,7 @@ Each step hands out at most `max_num_batched_tokens` tokens so that requests cat
    min(behind, budget left) tokens and the blocks to hold them. When blocks run out, preempt a
    victim (vLLM: the tail of the running queue, the most recently admitted): free its blocks, set
    num_computed to 0, put it at the front of the waiting queue. If the victim is the request
-   being scheduled, the pass ends.
+   being scheduled, it gets nothing (under fcfs it is the tail, so the pass ends).
 2. Then the waiting requests, but only if nothing was preempted in this step (memory is short:
    admitting more would thrash), while budget is left and fewer than `max_num_seqs` run. A
    request starts from its longest prefix-cache hit; without chunked prefill one that does not
@@ -205,13 +205,15 @@ class Scheduler:
                 self.preempt(victim)
                 out.preempted.append(victim)
                 if victim is req:
+                    # It left the running queue, so index i now names the request after it. Under
+                    # fcfs the victim is the tail and the pass ends; under the other policies the
+                    # requests after it keep their turn (vLLM's priority mode stops instead, which
+                    # can leave a step with nothing scheduled).
                     break
             else:
                 scheduled[id(req)] = ScheduledChunk(req, req.num_computed, n, req.chunk_kind(req.num_computed))
                 budget -= n
                 i += 1
-                continue
-            break
 
         if out.preempted and cfg.policy == "conservative":
             left = self.running

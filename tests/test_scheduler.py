@@ -155,3 +155,16 @@ def test_conservative_admission_keeps_headroom_for_future_output():
     fcfs = make(num_blocks=8, block_size=4, max_num_batched_tokens=64)
     add(fcfs, "a", 4, max_tokens=20), add(fcfs, "b", 4, max_tokens=20)
     assert [rid for rid, _, _ in plan(fcfs.schedule())] == ["a", "b"]
+
+
+def test_a_victim_that_is_not_the_tail_leaves_the_rest_their_turn():
+    """Conservative picks the decode with the longest prompt: here the head. The request after
+    it still runs in that step (no empty step)."""
+    s = make(policy="conservative", num_blocks=3, block_size=7, max_num_batched_tokens=16)
+    a, _ = add(s, "a", 14, max_tokens=2), add(s, "b", 1, max_tokens=2)
+    out = s.schedule()  # a: 14 tokens in 2 blocks, b: 1 token in the third
+    assert plan(out) == [("a", 14, "prefill"), ("b", 1, "prefill")]
+    advance(out)
+    out = s.schedule()  # a needs a third block: none. Victim: a (same output, longer prompt).
+    assert [r.request_id for r in out.preempted] == ["a"] and a.num_computed == 0
+    assert plan(out) == [("b", 1, "decode")]
