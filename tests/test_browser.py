@@ -59,6 +59,8 @@ def lab(tmp_path_factory):
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
          f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}",
+         # A fresh workspace and settings: never reopen tabs or answers left by an earlier session.
+         f"--LabApp.workspaces_dir={root / 'workspaces'}", f"--LabApp.user_settings_dir={root / 'settings'}",
          "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
         + (["--allow-root"] if os.geteuid() == 0 else []),
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -108,7 +110,8 @@ def browser():
 def open_and_run_all(browser, url: str, notebook: str) -> Page:
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.set_default_timeout(120_000)
-    page.goto(f"{url}/lab/tree/notebooks/{notebook}?token={TOKEN}")
+    # A workspace of its own, reset: only this notebook is open, whatever ran before.
+    page.goto(f"{url}/lab/workspaces/{Path(notebook).stem}/tree/notebooks/{notebook}?reset&token={TOKEN}")
     page.locator(".jp-NotebookPanel").first.wait_for()
     # JupyterLab may ask which kernel to start: take the one it proposes, as a learner would.
     # The kernel is ready when the toolbar's status says Idle.
