@@ -38,6 +38,7 @@ if str(HERE.parent) not in sys.path:  # `python practice/judge.py` puts practice
 from practice import worker  # noqa: E402
 
 DEFAULT_TIMEOUT = 5.0  # seconds per case; the reference needs well under one
+DUMP_GRACE = 2.0  # seconds a timed-out child gets to write where it was (code stuck in C never does)
 STARTUP_TIMEOUT = 120.0  # a fresh process imports torch (once per judge run with forkserver)
 
 
@@ -167,6 +168,9 @@ def _run_child(ctx, folder: Path, solution: str | None, index: int | None, timeo
         reader.recv()  # ("ready",): the learner's code starts now
         if reader.poll(timeout):
             return reader.recv()
+        if worker.DUMP_SIGNAL is not None and proc.is_alive():
+            os.kill(proc.pid, worker.DUMP_SIGNAL)  # the child writes where it was, then exits
+            proc.join(DUMP_GRACE)
         return {"status": "fail", "lines": _time_limit(timeout, dump, solution)}
     except EOFError:  # the child ended without a verdict: os._exit, a segfault, the OOM killer
         proc.join(5)

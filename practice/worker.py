@@ -18,6 +18,7 @@ import faulthandler
 import importlib.util
 import io
 import os
+import signal
 import sys
 import traceback
 from dataclasses import dataclass
@@ -89,6 +90,33 @@ def _short(path: str) -> str:
     return path if rel.startswith(os.path.join(os.pardir, os.pardir)) else rel
 
 
+DUMP_SIGNAL = getattr(signal, "SIGUSR1", None)  # the judge's "time is up" (POSIX); None on Windows
+
+
+def _arm_dump(dump_path: str, timeout: float) -> None:
+    """Be ready to write where the learner's code is when the judge says the time is up.
+
+    On POSIX the judge sends DUMP_SIGNAL; a Python-level handler runs between two bytecodes of the
+    main thread, writes its stack (innermost frame first) and ends the process. This is safe, unlike
+    faulthandler's watchdog thread, which reads another thread's frames while they change and can
+    crash the process it inspects (seen as a segfault under load). Elsewhere, faulthandler it is.
+    """
+    if DUMP_SIGNAL is None:
+        faulthandler.dump_traceback_later(max(timeout * 0.9, timeout - 0.3), file=open(dump_path, "w"))
+        return
+
+    def dump_and_exit(signum, frame):
+        lines = []
+        while frame is not None:
+            lines.append(f'  File "{frame.f_code.co_filename}", line {frame.f_lineno} in {frame.f_code.co_name}')
+            frame = frame.f_back
+        with open(dump_path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        os._exit(3)  # not an exception: the learner's code could catch that and go on looping
+
+    signal.signal(DUMP_SIGNAL, dump_and_exit)
+
+
 def run_case(conn, folder: str, solution: str | None, index: int | None, timeout: float,
              dump_path: str | None) -> None:
     """Child entry point: load the exercise and the learner's code, run case `index`, send a verdict.
@@ -103,9 +131,8 @@ def run_case(conn, folder: str, solution: str | None, index: int | None, timeout
     except ImportError:
         pass
     cases = load_module(Path(folder) / "cases.py", "judge_cases")
-    if dump_path:  # where the learner's code was when the time ran out (written just before the kill)
-        dump = open(dump_path, "w")
-        faulthandler.dump_traceback_later(max(timeout * 0.9, timeout - 0.3), file=dump)
+    if dump_path:  # where the learner's code was when the time ran out
+        _arm_dump(dump_path, timeout)
     conn.send(("ready",))
     names = [c.name for c in cases.CASES]
     printed = _Capped()
@@ -123,7 +150,10 @@ def run_case(conn, folder: str, solution: str | None, index: int | None, timeout
         status, lines = explain_exception(e, learner_file)
     finally:
         sys.stdout, sys.stderr = stdout, stderr
-        faulthandler.cancel_dump_traceback_later()
+        if DUMP_SIGNAL is None:
+            faulthandler.cancel_dump_traceback_later()
+        else:
+            signal.signal(DUMP_SIGNAL, signal.SIG_IGN)  # a late "time is up" must not cut the verdict
     if status != "pass" and printed.getvalue().strip():
         lines += ["your code printed:"] + ["  " + s for s in printed.getvalue().splitlines()[:8]]
     conn.send({"names": names, "status": status, "lines": lines})
