@@ -28,6 +28,31 @@ from torch import nn
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def _has_onednn_linear() -> bool:
+    try:
+        x, w = torch.ones(2, 3), torch.ones(4, 3)
+        return torch.equal(torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""), F.linear(x, w))
+    except (AttributeError, RuntimeError):
+        return False
+
+
+ONEDNN_FP32 = torch.backends.mkldnn.is_available() and _has_onednn_linear()
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose float32 products go to oneDNN when no gradient is wanted.
+
+    PyTorch gives float32 matmuls to MKL's sgemm, which takes an AVX2 code path on AMD CPUs; oneDNN
+    (PyTorch's own bfloat16 path) uses AVX-512 and is 1.5-1.9x faster from 2 rows up on this
+    project's machine. The op has no backward, hence the gradient check.
+    """
+
+    def forward(self, x):
+        if ONEDNN_FP32 and x.dtype == torch.float32 and not (torch.is_grad_enabled() and self.weight.requires_grad):
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
 @dataclass
 class ModelConfig:
     vocab_size: int
@@ -82,10 +107,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 at least, as Hugging Face does, then cast back.
+        # x * rsqrt(mean(x^2) + eps) in float32 at least, as Hugging Face does, then cast back and
+        # scale; PyTorch's fused rms_norm does the first part in one op instead of five.
         dt = x.dtype
-        x = x.to(torch.promote_types(dt, torch.float32))
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if dt in (torch.float32, torch.float64):  # no casts to dispatch: fewer ops per layer
+            return F.rms_norm(x, x.shape[-1:], self.weight, self.eps)
+        x = F.rms_norm(x.float(), x.shape[-1:], eps=self.eps)
         return self.weight * x.to(dt)
 
 
@@ -128,10 +155,10 @@ class Attention(nn.Module):
         self.layer_idx = layer_idx
         self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         b = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, self.nh * self.hd, bias=b)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.nkv * self.hd, bias=b)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.nkv * self.hd, bias=b)
-        self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
+        self.q_proj = Linear(cfg.hidden_size, self.nh * self.hd, bias=b)
+        self.k_proj = Linear(cfg.hidden_size, self.nkv * self.hd, bias=b)
+        self.v_proj = Linear(cfg.hidden_size, self.nkv * self.hd, bias=b)
+        self.o_proj = Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
@@ -151,9 +178,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
@@ -185,7 +212,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = _Decoder(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         # A plain attribute, not a buffer: `.to(bfloat16)` must not round the frequencies.
@@ -227,7 +254,7 @@ class Transformer(nn.Module):
             model.lm_head.weight = model.model.embed_tokens.weight
         model.inv_freq = rope_inv_freq(cfg)
         model.name_or_path = str(path) if path is not None else str(resolve_model_path(path))
-        return model.to(dtype).eval()
+        return model.to(dtype).eval().requires_grad_(False)  # for inference
 
 
 def attention(q, k, v, num_cached: int) -> torch.Tensor:

@@ -4,7 +4,8 @@ A prefill, a chunk of a prefill, a decode and a recompute after preemption are t
 computation: sequence s brings `n_s` new tokens on top of `c_s` tokens whose KV is already in the
 paged cache. The batch flattens all new tokens into one (T,) row of ids, with their positions and
 the cache slot where each token's K and V go (its slot mapping). Every linear layer then runs once
-over all T tokens; only attention looks at each sequence separately, over its own blocks.
+over all T tokens; only attention looks at each sequence separately, over its own blocks
+(attention.py, which batches the decodes of a step into a few tensor ops per layer).
 Logits are computed only for the rows that sample: the last new token of a sequence whose step
 reaches the end of its tokens (a prefill chunk in the middle of a prompt samples nothing).
 
@@ -19,7 +20,8 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from .mini_llm import Transformer, attention
+from .attention import AttentionPlan, GatherBuffers, paged_attention, plan_attention
+from .mini_llm import Transformer
 from .paged import PagedKVCache
 
 
@@ -39,12 +41,19 @@ class Batch:
     slot_mapping: torch.Tensor  # (T,) cache slot of each new token
     query_start: list[int]  # (B + 1,) sequence s owns rows query_start[s]:query_start[s + 1]
     num_cached: list[int]  # (B,)
-    context_slots: list[torch.Tensor]  # B tensors: slots of tokens 0..num_cached + n - 1
+    block_tables: list[Sequence[int]]  # (B,) each sequence's block ids
+    block_size: int
     logits_indices: torch.Tensor  # (S,) rows whose logits are needed, in sequence order
 
     @property
     def num_tokens(self) -> int:
         return self.input_ids.shape[0]
+
+    @property
+    def context_slots(self) -> list[torch.Tensor]:
+        """B tensors: the cache slots of each sequence's tokens 0..num_cached + n - 1."""
+        return [slots_of(t, 0, self.query_start[s + 1] - self.query_start[s] + self.num_cached[s],
+                         self.block_size) for s, t in enumerate(self.block_tables)]
 
 
 def slots_of(block_ids: Sequence[int], start: int, end: int, block_size: int) -> torch.Tensor:
@@ -57,7 +66,9 @@ def slots_of(block_ids: Sequence[int], start: int, end: int, block_size: int) ->
 def build_batch(chunks: Sequence[SeqChunk], block_size: int) -> Batch:
     """Flatten the chunks of one step into the tensors of one forward pass."""
     ids: list[int] = []
-    positions, slots, context, starts, logits_rows = [], [], [], [0], []
+    positions: list[int] = []
+    slots: list[int] = []
+    starts, logits_rows = [0], []
     for c in chunks:
         n = len(c.token_ids)
         end = c.num_cached + n
@@ -66,20 +77,20 @@ def build_batch(chunks: Sequence[SeqChunk], block_size: int) -> Batch:
         if len(c.block_ids) * block_size < end:
             raise ValueError(f"block table of {len(c.block_ids)} blocks cannot hold {end} tokens")
         ids.extend(c.token_ids)
-        positions.append(torch.arange(c.num_cached, end))
-        ctx = slots_of(c.block_ids, 0, end, block_size)
-        context.append(ctx)
-        slots.append(ctx[c.num_cached:])
+        positions.extend(range(c.num_cached, end))
+        slots.extend(c.block_ids[p // block_size] * block_size + p % block_size
+                     for p in range(c.num_cached, end))
         starts.append(starts[-1] + n)
         if c.sample:
             logits_rows.append(starts[-1] - 1)
     return Batch(
         input_ids=torch.tensor(ids, dtype=torch.long),
-        positions=torch.cat(positions),
-        slot_mapping=torch.cat(slots),
+        positions=torch.tensor(positions, dtype=torch.long),
+        slot_mapping=torch.tensor(slots, dtype=torch.long),
         query_start=starts,
         num_cached=[c.num_cached for c in chunks],
-        context_slots=context,
+        block_tables=[c.block_ids for c in chunks],
+        block_size=block_size,
         logits_indices=torch.tensor(logits_rows, dtype=torch.long),
     )
 
@@ -93,26 +104,30 @@ class ModelRunner:
         self.block_size = block_size
         self.kv_cache = PagedKVCache(cfg.num_hidden_layers, num_blocks, block_size,
                                      cfg.num_key_value_heads, cfg.head_dim, model.dtype)
+        self.buffers = GatherBuffers()
+
+    def plan(self, batch: Batch) -> AttentionPlan:
+        """Everything the attention of this step needs, computed once for all layers."""
+        return plan_attention(batch.query_start, batch.num_cached, batch.block_tables, batch.slot_mapping,
+                              self.block_size, self.model.config.num_key_value_heads, self.buffers)
 
     def paged_attend(self, batch: Batch):
         """The attention function the model calls at each layer, for this batch."""
-        cache = self.kv_cache
+        cache, plan = self.kv_cache, self.plan(batch)
 
         def attend(layer: int, q, k, v):
-            # New K, V go into their slots first, so each sequence then reads its whole context,
+            # New K, V go into their slots first: decodes then read their whole context,
             # old and new tokens alike, from the cache.
-            cache.write(layer, batch.slot_mapping, k, v)
-            out = torch.empty_like(q)  # (T, nh, hd)
-            kc, vc = cache.k[layer], cache.v[layer]
-            for s, ctx in enumerate(batch.context_slots):
-                a, b = batch.query_start[s], batch.query_start[s + 1]
-                out[a:b] = attention(q[a:b], kc[ctx], vc[ctx], batch.num_cached[s])
-            return out
+            cache.write(layer, plan.slot_mapping, k, v)
+            return paged_attention(plan, cache.k[layer], cache.v[layer], q, k, v)
 
         return attend
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:
-        """Logits (S, vocab) for the rows in batch.logits_indices, in that order."""
+        """Logits (S, vocab) for the rows in batch.logits_indices, in that order, float32 at least."""
         hidden = self.model(batch.input_ids, batch.positions, self.paged_attend(batch))
-        return self.model.compute_logits(hidden[batch.logits_indices])
+        logits = self.model.compute_logits(hidden[batch.logits_indices])
+        # Exact for bfloat16, and PyTorch's argmax over bfloat16 on CPU is scalar code: 20 ms for
+        # 64 rows of 49,152 logits.
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))
