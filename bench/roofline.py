@@ -1,0 +1,169 @@
+"""What this CPU allows, measured in the same process as the benchmark.
+
+* The matmul floor of a forward step: the time of the model's own linear layers (7 per layer,
+  the same `Linear` modules and kernels the engine calls) on T rows, plus the LM head on the S
+  rows that sample. No engine can run a step faster without faster matmuls; attention, norms
+  and Python come on top. `FloorReplay` replays an engine run's own steps through these matmuls
+  alone, so that the benchmark can time it in turn with the engine; `measure` takes a few T
+  for the curves of the scaling study.
+* The matmul peak: the best FLOP/s of those products (at the largest T).
+* The memory bandwidth: reading a 1 GiB tensor. Decoding one request reads every weight once per
+  token, so weight bytes / bandwidth is the least a batch-1 decode step can take.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from nano_engine import Transformer
+
+POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+def median_time(fn, reps: int = 5, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def layer_linears(model: Transformer):
+    """(module, in_features) of every linear layer of the decoder blocks, in call order."""
+    out = []
+    for block in model.model.layers:
+        a, m = block.self_attn, block.mlp
+        out += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
+    return out
+
+
+@dataclass
+class Roofline:
+    dtype: str
+    threads: int
+    linear_s: dict[int, float]  # T rows -> seconds for all decoder linears
+    lm_head_s: dict[int, float]  # S rows -> seconds for the LM head
+    linear_params: int  # weights in the decoder's linear layers
+    lm_head_params: int
+    weight_bytes: int  # everything a batch-1 decode step must read
+    bandwidth: float  # bytes/s
+
+    @staticmethod
+    def _interp(table: dict[int, float], n: int) -> float:
+        if n <= 0:
+            return 0.0
+        xs = sorted(table)
+        if n >= xs[-1]:
+            return table[xs[-1]] * n / xs[-1]
+        for lo, hi in zip(xs, xs[1:]):
+            if lo <= n <= hi:
+                return table[lo] + (table[hi] - table[lo]) * (n - lo) / (hi - lo)
+        return table[xs[0]]
+
+    def step_floor(self, tokens: int, sampled: int) -> float:
+        """Seconds of matmuls in a step of `tokens` rows of which `sampled` need logits."""
+        return self._interp(self.linear_s, tokens) + self._interp(self.lm_head_s, sampled)
+
+    def matmul_flops(self, tokens: int, sampled: int) -> float:
+        return 2.0 * (self.linear_params * tokens + self.lm_head_params * sampled)
+
+    @property
+    def peak_flops(self) -> float:
+        """Best measured FLOP/s of the decoder's linear layers."""
+        return max(2.0 * self.linear_params * t / s for t, s in self.linear_s.items())
+
+    @property
+    def decode_bound_s(self) -> float:
+        return self.weight_bytes / self.bandwidth
+
+
+@torch.inference_mode()
+def measure(model: Transformer, points=POINTS, reps: int = 5) -> Roofline:
+    linears = layer_linears(model)
+    dt = model.dtype
+    linear_s = {}
+    for t in points:
+        xs = {lin.in_features: torch.randn(t, lin.in_features, dtype=dt) for lin in linears}
+        linear_s[t] = median_time(lambda: [lin(xs[lin.in_features]) for lin in linears], reps)
+    head = model.lm_head
+    lm_head_s = {}
+    for s in (1, 8, 64):
+        x = torch.randn(s, head.in_features, dtype=dt)
+        lm_head_s[s] = median_time(lambda: head(x), reps)
+    big = torch.ones(256 * 2**20, dtype=torch.float32)  # 1 GiB
+    bandwidth = big.numel() * 4 / median_time(lambda: big.sum(), reps)
+    linear_params = sum(lin.weight.numel() for lin in linears)
+    head_params = head.weight.numel()
+    elem = torch.finfo(dt).bits // 8
+    return Roofline(str(dt).removeprefix("torch."), torch.get_num_threads(), linear_s, lm_head_s,
+                    linear_params, head_params, (linear_params + head_params) * elem, bandwidth)
+
+
+class FloorReplay:
+    """A pseudo-system for the benchmark: an engine run's steps, (T, S) each, through the matmuls only."""
+
+    dtype = "-"
+
+    def __init__(self, model: Transformer, steps: list[tuple[int, int]], name: str):
+        self.model, self.steps, self.name = model, steps, name
+        self.linears = layer_linears(model)
+        top = max(t for t, _ in steps)
+        self.x = {n: torch.randn(top, n, dtype=model.dtype) for n in {lin.in_features for lin in self.linears}}
+        self.h = torch.randn(max(s for _, s in steps) + 1, model.lm_head.in_features, dtype=model.dtype)
+
+    def prepare(self, workload):
+        pass
+
+    def finish(self):
+        pass
+
+    def close(self):
+        pass
+
+    @torch.inference_mode()
+    def run(self, workload=None):
+        for t, s in self.steps:
+            for lin in self.linears:
+                lin(self.x[lin.in_features][:t])
+            if s:
+                self.model.lm_head(self.h[:s])
+        return None
+
+
+class WeightRead:
+    """A pseudo-system: reading `nbytes` from memory `times` times (a reduction over a float32
+    buffer as large as the weights), the least a batch-1 decode of `times` tokens can cost."""
+
+    dtype = "-"
+
+    def __init__(self, nbytes: int, times: int):
+        self.buf, self.times = torch.ones(nbytes // 4), times
+        self.name = f"read the weights ({nbytes / 1e6:.0f} MB) x{times}"
+
+    def prepare(self, workload):
+        pass
+
+    def finish(self):
+        pass
+
+    def close(self):
+        pass
+
+    def run(self, workload=None):
+        for _ in range(self.times):
+            self.buf.sum()
+        return None
+
+
+def attention_flops(model: Transformer, lengths) -> float:
+    """FLOPs of causal attention (QK^T and PV) for sequences of these lengths, all layers."""
+    cfg = model.config
+    per_pair = 4 * cfg.num_attention_heads * cfg.head_dim * cfg.num_hidden_layers
+    return float(sum(per_pair * n * (n + 1) / 2 for n in lengths))
