@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from nano_engine import Transformer
+from nano_engine.mini_llm import linear
 
 POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
@@ -35,12 +36,32 @@ def median_time(fn, reps: int = 5, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
-def layer_linears(model: Transformer):
-    """(module, in_features) of every linear layer of the decoder blocks, in call order."""
+class _Product:
+    """One matmul of a decoder layer, called the way the model calls it."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        self.weight, self.bias = weight, bias
+        self.in_features = weight.shape[1]
+
+    def __call__(self, x):
+        return linear(x, self.weight, self.bias)
+
+
+def layer_linears(model: Transformer) -> list[_Product]:
+    """Every matmul of the decoder blocks, in call order (fused q/k/v and gate/up when the model is)."""
     out = []
     for block in model.model.layers:
         a, m = block.self_attn, block.mlp
-        out += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
+        if getattr(a, "qkv_weight", None) is not None:
+            out.append(_Product(a.qkv_weight, a.qkv_bias))
+        else:
+            out += [_Product(p.weight, p.bias) for p in (a.q_proj, a.k_proj, a.v_proj)]
+        out.append(_Product(a.o_proj.weight))
+        if getattr(m, "gate_up_weight", None) is not None:
+            out.append(_Product(m.gate_up_weight))
+        else:
+            out += [_Product(m.gate_proj.weight), _Product(m.up_proj.weight)]
+        out.append(_Product(m.down_proj.weight))
     return out
 
 

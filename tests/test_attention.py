@@ -68,3 +68,21 @@ def test_bfloat16_rows_are_gathered_bit_for_bit():
     idx = torch.tensor([3, 3, 49, 0, 7])
     out = torch.empty(5, 8, dtype=torch.bfloat16)
     assert torch.equal(gather_rows(src, idx, out), src[idx])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_decodes_get_the_bits_they_get_alone(dtype):
+    """In 2-byte dtypes a batched decode must equal mini_llm.attention on the sequence alone bit
+    for bit, whatever the padding of its group: that is what keeps the engine's bfloat16 output
+    identical to bfloat16 generate."""
+    gen = torch.Generator().manual_seed(7)
+    specs = [(5, 1), (33, 1), (6, 1), (60, 1), (0, 9)]
+    batch, kc, vc, q, k, v, full = random_step(gen, specs, dtype=torch.float32)
+    kc, vc, q, k, v = (t.to(dtype) for t in (kc, vc, q, k, v))
+    full = [(K.to(dtype), V.to(dtype)) for K, V in full]
+    plan = plan_attention(batch.query_start, batch.num_cached, batch.block_tables, batch.slot_mapping,
+                          BS, NKV, GatherBuffers(), max_padding=0.9)  # one padded group
+    out = paged_attention(plan, kc, vc, q, k, v)
+    for s, (K, V) in enumerate(full):
+        a, b = batch.query_start[s], batch.query_start[s + 1]
+        assert torch.equal(out[a:b], attention(q[a:b], K, V, batch.num_cached[s])), s

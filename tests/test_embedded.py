@@ -43,3 +43,12 @@ def test_identity_check_three_configs(model, prompts):
     # 32 tokens per step cannot hold 6 prompts of 37-40 tokens: the budget forced chunks.
     log = result.engines["budget 32"].step_log
     assert any(rec.num_prefill_tokens and rec.num_prefill_tokens < rec.num_tokens for rec in log)
+
+
+def test_identity_check_in_bfloat16(prompts):
+    """bfloat16 keeps the identity too, against generate in bfloat16: every kernel the engine
+    batches gives each request the bits it gets alone (see mini_llm.linear and attention)."""
+    bf16 = Transformer.from_pretrained(dtype=torch.bfloat16)
+    result = identity_check(bf16, prompts, max_tokens=24)
+    print(result.table())
+    assert [r.identical for r in result.rows] == [True, True, True]

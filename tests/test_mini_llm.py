@@ -66,3 +66,18 @@ def test_generate_stops_at_eos(tiny):
     assert generate(tiny, ids, 10, eos_token_id=first) == [first]
     with pytest.raises(ValueError, match="empty"):
         generate(tiny, [], 4)
+
+
+@pytest.mark.parametrize("shape", [(576, 576), (576, 1536), (1536, 576), (1152, 576)])
+def test_bfloat16_linear_gives_each_row_the_bits_it_gets_alone(shape):
+    """The property the engine's bfloat16 identity rests on: a row's product does not depend on
+    how many rows share the call (oneDNN's one-row kernel rounds differently, so mini_llm.linear
+    never calls it)."""
+    from nano_engine.mini_llm import linear
+
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(*shape, generator=gen).bfloat16()
+    x = torch.randn(40, shape[1], generator=gen).bfloat16()
+    alone = torch.cat([linear(x[i:i + 1], w) for i in range(len(x))])
+    for rows in (2, 3, 17, 40):
+        assert torch.equal(linear(x[:rows], w), alone[:rows]), rows
