@@ -319,40 +319,48 @@ class Transformer(nn.Module):
         return self
 
 
+ATTENTION_BLOCK = 128  # query rows per block of `attention`
+
+
 def attention(q, k, v, num_cached: int) -> torch.Tensor:
     """Causal attention of q's T new tokens over k, v's L = num_cached + T tokens.
 
     q: (T, nh, hd); k, v: (L, nkv, hd). Query i sits at position num_cached + i and sees keys 0..that.
-    """
-    T, L = q.shape[0], k.shape[0]
-    mask = torch.ones(T, L, dtype=torch.bool).tril(diagonal=num_cached)  # (T, L)
-    if q.dtype in (torch.bfloat16, torch.float16):
-        return _attention_low_precision(q, k, v, mask)
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, enable_gqa=True
-    )  # (nh, T, hd)
-    return out.transpose(0, 1)
 
+    Written out rather than PyTorch's scaled_dot_product_attention, for two reasons. Exactness:
+    the engine computes a token's attention in different company than `generate` does (a prefill
+    cut in chunks, a decode padded into a batch, a recompute after preemption), and the result
+    must be the same. In bfloat16 and float16 this formulation gives every query row the same bits
+    whatever rows share the call and however many masked keys follow its last visible one, and the
+    engine's batched decode (attention.py) is the same sequence of operations; in float32 the
+    matmuls sum in a size-dependent order, so rows agree to rounding noise (tests/test_attention.py).
+    Speed: with a mask (needed as soon as num_cached > 0), SDPA on CPU falls back to its math path
+    over the full T x L square. Here queries go in blocks of ATTENTION_BLOCK rows, each against
+    the keys it can see only, which skips most of the masked half.
 
-def _attention_low_precision(q, k, v, mask) -> torch.Tensor:
-    """The same attention written out, with the precision of PyTorch's kernel: scores and softmax
-    in float32, probabilities back in the model's dtype times V (accumulated in float32).
-
-    Why not the kernel: the engine's batched decode (attention.py) must give each request the bits
-    that this function gives it alone. In float32 the two formulations differ by rounding noise far
-    below what can change a greedy token; in bfloat16 one rounding step is 0.4% and the noise does
-    change tokens. So in 2-byte dtypes both are the same sequence of operations, on the same shapes
-    when T is 1 (grouped-query layout: (nkv, T * nh / nkv, hd) queries against (nkv, L, hd) keys).
+    Precision as in PyTorch's kernels: scores and softmax in float32 at least, then the
+    probabilities in the model's dtype times V (accumulated in float32 by the matmul).
+    Grouped-query attention: the nh / nkv query heads that share a KV head are stacked as rows of
+    one matmul against that head's keys, so K and V are never repeated.
     """
     T, nh, hd = q.shape
     L, nkv, _ = k.shape
-    g = nh // nkv
-    qf = (q.float() * hd ** -0.5).view(T, nkv, g, hd).transpose(0, 1).reshape(nkv, T * g, hd)
-    scores = torch.bmm(qf, k.float().permute(1, 2, 0)).view(nkv, T, g, L)
-    scores = scores.masked_fill(~mask[None, :, None, :], float("-inf"))
-    probs = scores.softmax(dim=-1).to(q.dtype).view(nkv, T * g, L)
-    out = torch.bmm(probs, v.transpose(0, 1))  # (nkv, T * g, hd)
-    return out.view(nkv, T, g, hd).transpose(0, 1).reshape(T, nh, hd)
+    g, dtype = nh // nkv, q.dtype
+    work = torch.promote_types(dtype, torch.float32)
+    qh = (q.to(work) * hd ** -0.5).view(T, nkv, g, hd).transpose(0, 1)  # (nkv, T, g, hd)
+    kh = torch.empty(nkv, L, hd, dtype=work).copy_(k.transpose(0, 1))  # head-major, contiguous
+    vh = torch.empty(nkv, L, hd, dtype=dtype).copy_(v.transpose(0, 1))
+    out = torch.empty(T, nh, hd, dtype=dtype)
+    for a in range(0, T, ATTENTION_BLOCK):
+        b = min(T, a + ATTENTION_BLOCK)
+        n, end = b - a, num_cached + b  # rows in the block; keys its last row can see
+        scores = torch.bmm(qh[:, a:b].reshape(nkv, n * g, hd), kh[:, :end].transpose(1, 2)).view(nkv, n, g, end)
+        if n > 1:  # row i of the block sees keys 0..num_cached + a + i
+            hidden = torch.arange(end)[None, :] > torch.arange(num_cached + a, end)[:, None]  # (n, end)
+            scores.masked_fill_(hidden[None, :, None, :], float("-inf"))
+        probs = scores.softmax(dim=-1).to(dtype).view(nkv, n * g, end)
+        out[a:b] = torch.bmm(probs, vh[:, :end]).view(nkv, n, g, hd).transpose(0, 1).reshape(n, nh, hd)
+    return out
 
 
 def causal_attend(layer: int, q, k, v):

@@ -70,11 +70,21 @@ def test_bfloat16_rows_are_gathered_bit_for_bit():
     assert torch.equal(gather_rows(src, idx, out), src[idx])
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_low_precision_decodes_get_the_bits_they_get_alone(dtype):
-    """In 2-byte dtypes a batched decode must equal mini_llm.attention on the sequence alone bit
-    for bit, whatever the padding of its group: that is what keeps the engine's bfloat16 output
-    identical to bfloat16 generate."""
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit in 2-byte dtypes. In float32, oneDNN and MKL sum a product's terms in an order
+    that depends on the matrix sizes, so rows agree to rounding noise only: far below anything
+    that changes a greedy token, which is why float32 identity holds in practice (and is tested
+    end to end), while a bfloat16 rounding step is not."""
+    if a.dtype in (torch.bfloat16, torch.float16):
+        return torch.equal(a, b)
+    return torch.allclose(a, b, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_batched_decodes_get_the_bits_they_get_alone(dtype):
+    """A batched decode must equal mini_llm.attention on the sequence alone, whatever the padding
+    of its group: bit for bit in 2-byte dtypes, where one rounding step is large enough to change
+    a greedy token; within rounding noise in float32 (see `same`)."""
     gen = torch.Generator().manual_seed(7)
     specs = [(5, 1), (33, 1), (6, 1), (60, 1), (0, 9)]
     batch, kc, vc, q, k, v, full = random_step(gen, specs, dtype=torch.float32)
@@ -85,4 +95,24 @@ def test_low_precision_decodes_get_the_bits_they_get_alone(dtype):
     out = paged_attention(plan, kc, vc, q, k, v)
     for s, (K, V) in enumerate(full):
         a, b = batch.query_start[s], batch.query_start[s + 1]
-        assert torch.equal(out[a:b], attention(q[a:b], K, V, batch.num_cached[s])), s
+        assert same(out[a:b], attention(q[a:b], K, V, batch.num_cached[s])), s
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed", range(4))
+def test_attention_rows_do_not_depend_on_the_chunking(dtype, seed):
+    """Prefill in one call, cut in random chunks over the cached prefix, or one token at a time:
+    every query row gets the same result (rows cross ATTENTION_BLOCK boundaries at other offsets)."""
+    gen = torch.Generator().manual_seed(seed)
+    L = int(torch.randint(2, 400, (1,), generator=gen))
+    q = torch.randn(L, NH, HD, generator=gen).to(dtype)
+    k = torch.randn(L, NKV, HD, generator=gen).to(dtype)
+    v = torch.randn(L, NKV, HD, generator=gen).to(dtype)
+    whole = attention(q, k, v, 0)
+    cuts = sorted(set(torch.randint(1, L, (3,), generator=gen).tolist())) + [L]
+    start = 0
+    for end in cuts:
+        assert same(attention(q[start:end], k[:end], v[:end], start), whole[start:end]), (start, end)
+        start = end
+    for i in sorted(set(torch.randint(0, L, (5,), generator=gen).tolist())):
+        assert same(attention(q[i:i + 1], k[:i + 1], v[:i + 1], i), whole[i:i + 1]), i
