@@ -4,7 +4,7 @@ PY := .venv/bin/python
 # (the tests run two workers on two cores).
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: setup run test
+.PHONY: setup run test bench bench-peers
 
 setup:
 	bash scripts/setup.sh
@@ -19,3 +19,11 @@ run: setup
 test: setup
 	bash scripts/install_chromium.sh
 	$(PY) -m pytest -n 2 --dist loadfile tests notebooks --nbval --nbval-sanitize-with notebooks/sanitize.cfg
+
+# The benchmark against transformers (and llama.cpp where installed): about 15 minutes.
+bench: setup
+	$(PY) bench/run.py --json build/bench.json
+
+# Adds the llama.cpp peer (llama-cpp-python compiles llama.cpp: several minutes, once).
+bench-peers: setup
+	$(PY) -m pip install --quiet -e '.[bench]'

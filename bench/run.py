@@ -76,23 +76,9 @@ def reference(model: Transformer, w: Workload, fresh: bool) -> list[list[int]]:
     return [known[k] for k in keys]
 
 
-def sampled_per_step(log) -> list[int]:
-    """How many requests sample in each step: decodes, and the last chunk of each prompt."""
-    chunks: dict[str, list[tuple[int, str]]] = {}
-    for i, rec in enumerate(log):
-        for rid, _, kind in rec.scheduled:
-            chunks.setdefault(rid, []).append((i, kind))
-    counts = [0] * len(log)
-    for seq in chunks.values():
-        for j, (i, kind) in enumerate(seq):
-            if kind == "decode" or j + 1 == len(seq) or seq[j + 1][1] == "decode":
-                counts[i] += 1
-    return counts
-
-
 def replay_steps(engine) -> list[tuple[int, int]]:
     """(tokens, sampling rows) of each step of an engine run."""
-    return [(rec.num_tokens, n) for rec, n in zip(engine.step_log, sampled_per_step(engine.step_log))]
+    return [(rec.num_tokens, rec.num_sampled) for rec in engine.step_log]
 
 
 def model_flops(roof: roofline.Roofline, model, w: Workload, steps, outputs) -> float:
@@ -352,6 +338,7 @@ def main(argv=None) -> int:
     res.update(skipped=sorted(skipped), load_end=os.getloadavg()[0])
     print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(res, indent=1))
     if failed:
         print("FAIL: nano_engine outputs differ from single-request generate in the same dtype")

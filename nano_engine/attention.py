@@ -29,7 +29,7 @@ from typing import Sequence
 
 import torch
 
-from .mini_llm import attention
+from .mini_llm import attention, score_dtype
 
 
 @dataclass
@@ -156,23 +156,25 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      group: DecodeGroup, buffers: GatherBuffers) -> torch.Tensor:
     """One new token per sequence over its cached context. q: (D, nh, hd) -> (D, nh, hd).
 
-    Precision as in PyTorch's own attention kernel, which `generate` uses: scores and softmax in
-    float32 at least (bfloat16 scores would keep 3 significant digits), then the probabilities in
-    the model's dtype times V, accumulated in float32 by the matmul.
+    The same operations as mini_llm.attention for one query row, so that a request gets the same
+    result alone and padded into a group: scores in score_dtype (float64 for 2-byte models),
+    softmax in float32 at least, then the probabilities in the model's dtype times V, accumulated
+    in float32 by the matmul.
     """
     D, L = group.num_seqs, group.length
     nkv, hd = k_cache.shape[1], k_cache.shape[2]
     nh, dtype = q.shape[1], q.dtype
-    work = torch.promote_types(dtype, torch.float32)
+    sd, work = score_dtype(dtype), torch.promote_types(dtype, torch.float32)
     n = D * nkv * L * hd
     k, v = buffers.get(n, dtype)
     k = gather_rows(k_cache.view(-1, hd), group.kv_index, k.view(-1, hd))
     v = gather_rows(v_cache.view(-1, hd), group.kv_index, v.view(-1, hd)).view(D * nkv, L, hd)
-    if dtype != work:
-        k = buffers.get(n, work)[0].view(-1, hd).copy_(k)
+    if dtype != sd:
+        k = buffers.get(n, sd)[0].view(-1, hd).copy_(k)
     k = k.view(D * nkv, L, hd)
-    q = (q.to(work) * hd ** -0.5).view(D * nkv, nh // nkv, hd)  # the query heads sharing each KV head
-    scores = torch.bmm(q, k.transpose(1, 2)).view(D, nkv, -1, L) + group.bias  # (D, nkv, nh/nkv, L)
+    q = q.to(sd).reshape(D * nkv, nh // nkv, hd)  # the query heads sharing each KV head
+    scores = torch.bmm(q, k.transpose(1, 2)).mul_(hd ** -0.5)
+    scores = scores.to(work).view(D, nkv, -1, L) + group.bias  # (D, nkv, nh/nkv, L)
     probs = scores.softmax(dim=-1).to(dtype).view(D * nkv, -1, L)
     return torch.bmm(probs, v).view(D, nh, hd)
 

@@ -49,6 +49,7 @@ class StepRecord:
     num_free_blocks: int  # at the end of the step
     waiting_ids: list[str]  # at the end of the step
     running_ids: list[str]  # at the end of the step (some may have got no tokens in it)
+    num_sampled: int = 0  # rows that sampled a token (the LM head ran on these only)
 
     @property
     def num_waiting(self) -> int:
@@ -159,12 +160,13 @@ class LLMEngine:
         t = time.perf_counter()
         out = self.scheduler.schedule()
         finished: list[Request] = []
+        samplers: list[Request] = []
         if out.chunks:
             logits = self.runner.forward(self._batch(out))
             samplers = [c.request for c in out.chunks if c.start + c.n == c.request.num_tokens]
             tokens = sample(logits, [r.sampling_params for r in samplers], [r.generator for r in samplers])
             finished = self._update(out, dict(zip(map(id, samplers), tokens)))
-        self._log(out, finished, t)
+        self._log(out, finished, t, len(samplers))
         return finished
 
     def _batch(self, out: SchedulerOutput):
@@ -198,7 +200,7 @@ class LLMEngine:
                 finished.append(req)
         return finished
 
-    def _log(self, out: SchedulerOutput, finished: list[Request], t: float) -> None:
+    def _log(self, out: SchedulerOutput, finished: list[Request], t: float, num_sampled: int) -> None:
         end = time.perf_counter()
         rec = StepRecord(
             step=len(self.step_log), start=t - self._t0, duration=end - t,
@@ -208,6 +210,7 @@ class LLMEngine:
             num_free_blocks=self.block_pool.num_free,
             waiting_ids=[r.request_id for r in self.scheduler.waiting],
             running_ids=[r.request_id for r in self.scheduler.running],
+            num_sampled=num_sampled,
         )
         self.step_log.append(rec)
         s = self.stats

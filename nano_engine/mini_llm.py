@@ -322,6 +322,19 @@ class Transformer(nn.Module):
 ATTENTION_BLOCK = 128  # query rows per block of `attention`
 
 
+def score_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype attention scores are computed in.
+
+    float32 and wider: float32 at least, as PyTorch's kernels do. bfloat16 and float16: float64.
+    A product of two such numbers is exact in float64 and so, for any realistic spread of
+    magnitudes, is a sum of head_dim of them; then no matrix-multiply blocking can change a bit of
+    a score. In float32 a score's last bits depend on how many keys share the call (measured here:
+    oneDNN takes other code paths at other widths), and after rounding to bfloat16 that can change
+    a token.
+    """
+    return torch.float64 if dtype in (torch.bfloat16, torch.float16) else torch.promote_types(dtype, torch.float32)
+
+
 def attention(q, k, v, num_cached: int) -> torch.Tensor:
     """Causal attention of q's T new tokens over k, v's L = num_cached + T tokens.
 
@@ -331,14 +344,14 @@ def attention(q, k, v, num_cached: int) -> torch.Tensor:
     the engine computes a token's attention in different company than `generate` does (a prefill
     cut in chunks, a decode padded into a batch, a recompute after preemption), and the result
     must be the same. In bfloat16 and float16 this formulation gives every query row the same bits
-    whatever rows share the call and however many masked keys follow its last visible one, and the
-    engine's batched decode (attention.py) is the same sequence of operations; in float32 the
-    matmuls sum in a size-dependent order, so rows agree to rounding noise (tests/test_attention.py).
+    whatever rows share the call and however many masked keys follow its last visible one (scores
+    in float64, see score_dtype), and the engine's batched decode (attention.py) is the same
+    sequence of operations; in float32, rows agree to rounding noise (tests/test_attention.py).
     Speed: with a mask (needed as soon as num_cached > 0), SDPA on CPU falls back to its math path
     over the full T x L square. Here queries go in blocks of ATTENTION_BLOCK rows, each against
     the keys it can see only, which skips most of the masked half.
 
-    Precision as in PyTorch's kernels: scores and softmax in float32 at least, then the
+    Precision as in PyTorch's kernels or better: scores and softmax in float32 at least, then the
     probabilities in the model's dtype times V (accumulated in float32 by the matmul).
     Grouped-query attention: the nh / nkv query heads that share a KV head are stacked as rows of
     one matmul against that head's keys, so K and V are never repeated.
@@ -346,15 +359,16 @@ def attention(q, k, v, num_cached: int) -> torch.Tensor:
     T, nh, hd = q.shape
     L, nkv, _ = k.shape
     g, dtype = nh // nkv, q.dtype
-    work = torch.promote_types(dtype, torch.float32)
-    qh = (q.to(work) * hd ** -0.5).view(T, nkv, g, hd).transpose(0, 1)  # (nkv, T, g, hd)
-    kh = torch.empty(nkv, L, hd, dtype=work).copy_(k.transpose(0, 1))  # head-major, contiguous
+    sd, work = score_dtype(dtype), torch.promote_types(dtype, torch.float32)
+    qh = q.to(sd).view(T, nkv, g, hd).transpose(0, 1)  # (nkv, T, g, hd)
+    kh = torch.empty(nkv, L, hd, dtype=sd).copy_(k.transpose(0, 1))  # head-major, contiguous
     vh = torch.empty(nkv, L, hd, dtype=dtype).copy_(v.transpose(0, 1))
     out = torch.empty(T, nh, hd, dtype=dtype)
     for a in range(0, T, ATTENTION_BLOCK):
         b = min(T, a + ATTENTION_BLOCK)
         n, end = b - a, num_cached + b  # rows in the block; keys its last row can see
-        scores = torch.bmm(qh[:, a:b].reshape(nkv, n * g, hd), kh[:, :end].transpose(1, 2)).view(nkv, n, g, end)
+        scores = torch.bmm(qh[:, a:b].reshape(nkv, n * g, hd), kh[:, :end].transpose(1, 2)).mul_(hd ** -0.5)
+        scores = scores.to(work).view(nkv, n, g, end)
         if n > 1:  # row i of the block sees keys 0..num_cached + a + i
             hidden = torch.arange(end)[None, :] > torch.arange(num_cached + a, end)[:, None]  # (n, end)
             scores.masked_fill_(hidden[None, :, None, :], float("-inf"))

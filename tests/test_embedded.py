@@ -52,3 +52,4 @@ def test_identity_check_in_bfloat16(prompts):
     result = identity_check(bf16, prompts, max_tokens=24)
     print(result.table())
     assert [r.identical for r in result.rows] == [True, True, True]
+

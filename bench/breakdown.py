@@ -1,0 +1,86 @@
+"""Where an engine run's time goes: torch.profiler's operator times, grouped, against the wall.
+
+    .venv/bin/python bench/breakdown.py                       # W2[:16] in bfloat16 and float32
+    .venv/bin/python bench/breakdown.py --workload W1 --dtypes float32 --top 25
+
+Groups: the matmuls of the linear layers (the floor), attention (the gathers of K and V from the
+paged blocks, its batched matmuls, softmax, masks), dtype conversions, the other element-wise
+ops (norms, rotary embedding, SwiGLU, residuals), the rest; "Python and dispatch" is the wall time
+that no operator accounts for (module calls, the scheduler, building the batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from nano_engine import Transformer  # noqa: E402
+
+import systems as S  # noqa: E402
+from workloads import WORKLOADS  # noqa: E402
+
+GROUPS = {
+    "matmuls of the linear layers": ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise", "aten::linear"),
+    "attention: gather K, V from blocks": ("aten::index_select", "aten::index"),
+    "attention: batched matmuls": ("aten::bmm",),
+    "attention: softmax and masks": ("aten::_softmax", "aten::masked_fill_", "aten::masked_fill"),
+    "KV cache writes": ("aten::index_copy_", "aten::index_put_"),
+    "dtype conversions and copies": ("aten::copy_", "aten::_to_copy", "aten::clone"),
+    "element-wise (norms, rope, SwiGLU, residual)": ("aten::mul", "aten::add", "aten::silu", "aten::_fused_rms_norm",
+                                                     "aten::rms_norm", "aten::pow", "aten::sum", "aten::div_",
+                                                     "aten::neg", "aten::cat", "aten::add_", "aten::mean",
+                                                     "aten::rsqrt"),
+    "sampling (argmax)": ("aten::argmax", "aten::max"),
+}
+
+
+def group_of(name: str) -> str:
+    for group, names in GROUPS.items():
+        if name in names:
+            return group
+    return "other operators"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", default="W2[:16]", help="W1, W2, W3, or W2[:N]")
+    ap.add_argument("--dtypes", default="bfloat16,float32")
+    ap.add_argument("--top", type=int, default=0, help="also print the N most expensive operators")
+    args = ap.parse_args(argv)
+    name, _, head = args.workload.partition("[:")
+    w = WORKLOADS[name]()
+    if head:
+        w = w.head(int(head.rstrip("]")))
+    for dt in args.dtypes.split(","):
+        model = Transformer.from_pretrained(dtype=getattr(torch, dt))
+        system = S.NanoEngine(dt, model)
+        system.run(w)  # warm-up
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            t = time.perf_counter()
+            system.run(w)
+            wall = time.perf_counter() - t
+        totals: dict[str, float] = defaultdict(float)
+        events = prof.key_averages()
+        for ev in events:
+            totals[group_of(ev.key)] += ev.self_cpu_time_total / 1e6
+        ops = sum(totals.values())
+        totals["Python and dispatch (wall minus operators)"] = max(wall - ops, 0.0)
+        steps = len(system.last_engine.step_log)
+        print(f"\n{dt}, {w.name}: {steps} steps in {wall:.2f} s under the profiler")
+        for group, secs in sorted(totals.items(), key=lambda kv: -kv[1]):
+            print(f"  {group:<46} {secs:6.2f} s {secs / wall:6.1%}  {secs / steps * 1e3:6.1f} ms/step")
+        if args.top:
+            print(events.table(sort_by="self_cpu_time_total", row_limit=args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The benchmark's own logic (no timing here: speed is measured by bench/run.py, never asserted).
+
+The workloads are the ones handed out (figures compare across runs only if they are), and the
+accounting that turns an engine run into matmul FLOPs counts exactly the rows the runner computed.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+
+import run as bench_run  # noqa: E402
+import workloads  # noqa: E402
+from systems import Req, truncate  # noqa: E402
+
+from nano_engine import LLMEngine, SamplingParams  # noqa: E402
+from nano_engine.tiny import tiny_model  # noqa: E402
+
+
+def test_workloads_are_the_ones_handed_out():
+    w1, w2 = workloads.w1(), workloads.w2()
+    assert (len(w1.requests), w1.max_new_tokens) == (6, 144)
+    assert (len(w2.requests), w2.prompt_tokens, w2.max_new_tokens) == (64, 12670, 4606)
+    assert all(r.ignore_eos for r in w2.requests) and not any(r.ignore_eos for r in w1.requests)
+    shared = Path(__file__).parent.parent.parent / "shared" / "workloads"
+    for name in ("w1", "w2"):
+        if (shared / f"{name}.json").is_file():  # the project's copy must not drift from the source
+            assert json.loads((shared / f"{name}.json").read_text()) == \
+                json.loads((BENCH / "workloads" / f"{name}.json").read_text())
+
+
+def test_long_prompt_workload_needs_chunked_prefill():
+    w3 = workloads.w3()
+    assert all(len(r.prompt_ids) == 2000 > bench_run.S.BUDGET for r in w3.requests)
+    assert w3.subset(2).requests == w3.requests[::2]
+
+
+def test_truncate_cuts_after_end_of_sequence_unless_ignored():
+    assert truncate([5, 2, 7], Req((1,), 8, False)) == [5, 2]
+    assert truncate([5, 2, 7], Req((1,), 8, True)) == [5, 2, 7]
+    assert truncate([5, 6, 7], Req((1,), 2, False)) == [5, 6]
+
+
+@pytest.mark.parametrize("budget, blocks", [(7, 64), (16, 64), (64, 64), (16, 14)])
+def test_replayed_steps_are_the_rows_the_runner_computed(budget, blocks, monkeypatch):
+    """The FLOPs accounting must count the LM-head rows the runner really ran: decodes, and the
+    last chunk of each prompt (a chunk in the middle of a prompt samples nothing)."""
+    model = tiny_model()
+    rows = []
+    engine = LLMEngine(model, max_num_batched_tokens=budget, max_num_seqs=4, num_blocks=blocks, block_size=4)
+    real = engine.runner.forward
+
+    def counting(batch):
+        rows.append(len(batch.logits_indices))
+        return real(batch)
+
+    monkeypatch.setattr(engine.runner, "forward", counting)
+    prompts = [list(range(1, 1 + n)) for n in (3, 20, 9, 31)]
+    engine.generate(prompts, SamplingParams(max_tokens=5, ignore_eos=True))
+    assert bench_run.replay_steps(engine) == [(rec.num_tokens, n) for rec, n in zip(engine.step_log, rows)]
+    if blocks < 64:  # recompute after preemption: its last chunk samples again
+        assert engine.stats.preemptions > 0
