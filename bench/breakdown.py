@@ -74,7 +74,7 @@ def main(argv=None) -> int:
         ops = sum(totals.values())
         totals["Python and dispatch (wall minus operators)"] = max(wall - ops, 0.0)
         steps = len(system.last_engine.step_log)
-        print(f"\n{dt}, {w.name}: {steps} steps in {wall:.2f} s under the profiler")
+        print(f"\n{dt}, {w.name}: {steps} steps in {wall:.2f} s under the profiler", flush=True)
         for group, secs in sorted(totals.items(), key=lambda kv: -kv[1]):
             print(f"  {group:<46} {secs:6.2f} s {secs / wall:6.1%}  {secs / steps * 1e3:6.1f} ms/step")
         if args.top:
