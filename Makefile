@@ -20,7 +20,7 @@ test: setup
 	bash scripts/install_chromium.sh
 	$(PY) -m pytest -n 2 --dist loadfile tests notebooks --nbval --nbval-sanitize-with notebooks/sanitize.cfg
 
-# The benchmark against transformers (and llama.cpp where installed): about 15 minutes.
+# The benchmark against transformers (and llama.cpp where installed): about 20 minutes (5 more once, for the references).
 bench: setup
 	$(PY) bench/run.py --json build/bench.json
 

@@ -1,7 +1,7 @@
 """Benchmark nano_engine against the systems a reader would otherwise use, in one invocation.
 
-    .venv/bin/python bench/run.py             # W1, W2, W3: about 10 minutes on 2 cores
-    .venv/bin/python bench/run.py --quick     # W1 and a quarter of W2: about 2 minutes
+    .venv/bin/python bench/run.py             # W1, W2, W3: about 20 minutes on 2 cores (+5 once: references)
+    .venv/bin/python bench/run.py --quick     # W1 and W2[:16]: about 4 minutes
     .venv/bin/python bench/run.py --help      # workloads, systems, repetitions, threads, json
 
 Every system gets one untimed warm-up run, then the systems take turns (the order rotates each
@@ -267,7 +267,7 @@ def fmt_table(rows, header) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
-                    help="W1, and W2[:16] without the slow peers, 2 rounds (about 2 minutes)")
+                    help="W1, and W2[:16] without the slow peers, 2 rounds (about 4 minutes)")
     ap.add_argument("--workloads", default="W1,W2,W3")
     ap.add_argument("--dtypes", default="float32,bfloat16", help="nano_engine dtypes")
     ap.add_argument("--peers", default="hf-one,hf-static,hf-cb,llama-one,llama-batched",
@@ -278,7 +278,8 @@ def main(argv=None) -> int:
                     help="seconds of timed runs per peer and workload before it is timed no more "
                          "(nano_engine and its matmul floor always run every round)")
     ap.add_argument("--full", action="store_true",
-                    help="every peer on all of W2 and on W3 (about 25 minutes)")
+                    help="every peer on all of W2 and on W3 (an hour or more: transformers one at a "
+                         "time alone needs minutes per W2 run)")
     ap.add_argument("--threads", type=int, default=None, help="threads for torch and llama.cpp")
     ap.add_argument("--fresh-reference", action="store_true", help="recompute the generate references")
     ap.add_argument("--json", type=Path, help="write all figures to this file")
