@@ -109,10 +109,7 @@ class Roofline:
 def measure(model: Transformer, points=POINTS, reps: int = 5) -> Roofline:
     linears = layer_linears(model)
     dt = model.dtype
-    linear_s = {}
-    for t in points:
-        xs = {lin.in_features: torch.randn(t, lin.in_features, dtype=dt) for lin in linears}
-        linear_s[t] = median_time(lambda: [lin(xs[lin.in_features]) for lin in linears], reps)
+    linear_s = {t: median_time(FloorReplay(model, [(t, 0)], "").run, reps) for t in points}
     head = model.lm_head
     lm_head_s = {}
     for s in (1, 8, 64):
@@ -127,17 +124,10 @@ def measure(model: Transformer, points=POINTS, reps: int = 5) -> Roofline:
                     linear_params, head_params, (linear_params + head_params) * elem, bandwidth)
 
 
-class FloorReplay:
-    """A pseudo-system for the benchmark: an engine run's steps, (T, S) each, through the matmuls only."""
+class PseudoSystem:
+    """Timed in turn with the systems, like one, but serves no requests."""
 
     dtype = "-"
-
-    def __init__(self, model: Transformer, steps: list[tuple[int, int]], name: str):
-        self.model, self.steps, self.name = model, steps, name
-        self.linears = layer_linears(model)
-        top = max(t for t, _ in steps)
-        self.x = {n: torch.randn(top, n, dtype=model.dtype) for n in {lin.in_features for lin in self.linears}}
-        self.h = torch.randn(max(s for _, s in steps) + 1, model.lm_head.in_features, dtype=model.dtype)
 
     def prepare(self, workload):
         pass
@@ -147,6 +137,17 @@ class FloorReplay:
 
     def close(self):
         pass
+
+
+class FloorReplay(PseudoSystem):
+    """An engine run's steps, (T, S) each, through the matmuls only."""
+
+    def __init__(self, model: Transformer, steps: list[tuple[int, int]], name: str):
+        self.model, self.steps, self.name = model, steps, name
+        self.linears = layer_linears(model)
+        top = max(t for t, _ in steps)
+        self.x = {n: torch.randn(top, n, dtype=model.dtype) for n in {lin.in_features for lin in self.linears}}
+        self.h = torch.randn(max(s for _, s in steps) + 1, model.lm_head.in_features, dtype=model.dtype)
 
     @torch.inference_mode()
     def run(self, workload=None):
@@ -158,24 +159,13 @@ class FloorReplay:
         return None
 
 
-class WeightRead:
-    """A pseudo-system: reading `nbytes` from memory `times` times (a reduction over a float32
+class WeightRead(PseudoSystem):
+    """Reading `nbytes` from memory `times` times (a reduction over a float32
     buffer as large as the weights), the least a batch-1 decode of `times` tokens can cost."""
-
-    dtype = "-"
 
     def __init__(self, nbytes: int, times: int):
         self.buf, self.times = torch.ones(nbytes // 4), times
         self.name = f"read the weights ({nbytes / 1e6:.0f} MB) x{times}"
-
-    def prepare(self, workload):
-        pass
-
-    def finish(self):
-        pass
-
-    def close(self):
-        pass
 
     def run(self, workload=None):
         for _ in range(self.times):

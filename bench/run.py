@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import torch  # noqa: E402
 
-from nano_engine import SamplingParams, Transformer, generate  # noqa: E402
+from nano_engine import Transformer, generate  # noqa: E402
 from nano_engine import mini_llm  # noqa: E402
 from nano_engine.mini_llm import ONEDNN_FP32  # noqa: E402
 

@@ -41,16 +41,8 @@ def prompts(n: int, length: int) -> list[list[int]]:
 
 
 def floor_fn(model, tokens: int, sampled: int):
-    lins = roofline.layer_linears(model)
-    xs = {n: torch.randn(tokens, n, dtype=model.dtype) for n in {lin.in_features for lin in lins}}
-    h = torch.randn(sampled, model.lm_head.in_features, dtype=model.dtype)
-
-    @torch.inference_mode()
-    def run():
-        for lin in lins:
-            lin(xs[lin.in_features])
-        model.lm_head(h)
-    return run
+    """The matmuls alone of one step of `tokens` rows, `sampled` of them through the LM head."""
+    return roofline.FloorReplay(model, [(tokens, sampled)], "floor").run
 
 
 def decode_point(model, n: int, reps: int) -> tuple[float, float]:

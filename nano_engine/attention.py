@@ -30,6 +30,7 @@ from typing import Sequence
 import torch
 
 from .mini_llm import attention, score_dtype
+from .paged import slots_of
 
 
 @dataclass
@@ -113,7 +114,7 @@ def plan_attention(query_start: Sequence[int], num_cached: Sequence[int],
         if b - a == 1:
             decodes.append(s)
         else:
-            ctx = slots(block_tables[s], c + b - a, block_size) if c else None
+            ctx = slots_of(block_tables[s], 0, c + b - a, block_size) if c else None
             prefills.append(PrefillChunk(slice(a, b), c, ctx))
     lengths = [num_cached[s] + 1 for s in decodes]
     groups = []
@@ -134,13 +135,6 @@ def plan_attention(query_start: Sequence[int], num_cached: Sequence[int],
         bias = torch.zeros(len(seqs), 1, 1, L).masked_fill(pad[:, None, None, :], float("-inf"))
         groups.append(DecodeGroup(_rows([query_start[s] for s in seqs]), kv_index, bias, len(seqs), L))
     return AttentionPlan(slot_mapping, groups, prefills, buffers or GatherBuffers())
-
-
-def slots(block_ids: Sequence[int], length: int, block_size: int) -> torch.Tensor:
-    """Cache slots of a sequence's tokens 0..length-1, from its block table."""
-    pos = torch.arange(length)
-    table = torch.as_tensor(block_ids[:-(-length // block_size)], dtype=torch.long)
-    return table[pos // block_size] * block_size + pos % block_size
 
 
 def gather_rows(source: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

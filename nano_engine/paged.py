@@ -145,3 +145,10 @@ class PagedKVCache:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+
+def slots_of(block_ids: Sequence[int], start: int, end: int, block_size: int) -> torch.Tensor:
+    """Cache slots of token positions start..end-1 of a sequence with this block table."""
+    pos = torch.arange(start, end)
+    table = torch.as_tensor(block_ids, dtype=torch.long)
+    return table[pos // block_size] * block_size + pos % block_size

@@ -22,7 +22,7 @@ import torch
 
 from .attention import AttentionPlan, GatherBuffers, paged_attention, plan_attention
 from .mini_llm import Transformer
-from .paged import PagedKVCache
+from .paged import PagedKVCache, slots_of  # noqa: F401 (slots_of: part of this module's API)
 
 
 class SeqChunk(NamedTuple):
@@ -54,13 +54,6 @@ class Batch:
         """B tensors: the cache slots of each sequence's tokens 0..num_cached + n - 1."""
         return [slots_of(t, 0, self.query_start[s + 1] - self.query_start[s] + self.num_cached[s],
                          self.block_size) for s, t in enumerate(self.block_tables)]
-
-
-def slots_of(block_ids: Sequence[int], start: int, end: int, block_size: int) -> torch.Tensor:
-    """Cache slots of token positions start..end-1 of a sequence with this block table."""
-    pos = torch.arange(start, end)
-    table = torch.as_tensor(block_ids, dtype=torch.long)
-    return table[pos // block_size] * block_size + pos % block_size
 
 
 def build_batch(chunks: Sequence[SeqChunk], block_size: int) -> Batch:

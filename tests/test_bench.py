@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 BENCH = Path(__file__).parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
