@@ -6,14 +6,15 @@
     python practice/judge.py 129 --reference        # grade the package's own implementation
     python practice/judge.py 129 -k preempt --timeout 10
 
-From a notebook (the repository root on sys.path): `from practice.judge import grade; grade(129)`
-shows the same report, or `%run ../practice/judge.py 129`.
+From a notebook on the project's kernel (`practice` is installed with the project):
+`from practice.judge import grade; grade(129)` shows the same verdicts as a table.
 
 Each case runs in a child process of its own (practice/worker.py) under a time limit, so that an
 infinite loop is reported as "time limit exceeded", with the line it was stuck on, and an exception
 as a runtime error with the learner's own traceback lines; the judge itself never hangs. The report
 has one line per case (PASS, FAIL or NOT ATTEMPTED, then indented details) and ends with
-"N passed, N failed"; the exit status is non-zero on any failure, 2 on a usage error.
+"N passed, N failed"; the exit status is non-zero on any failure, 2 on a usage error or a Python
+that lacks the project's dependencies (said in one line before any child process starts).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import builtins
 import contextlib
+import importlib.util
 import linecache
 import multiprocessing as mp
 import os
@@ -28,7 +30,6 @@ import re
 import sys
 import tempfile
 import types
-from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -36,63 +37,50 @@ if str(HERE.parent) not in sys.path:  # `python practice/judge.py` puts practice
     sys.path.insert(0, str(HERE.parent))
 
 from practice import worker  # noqa: E402
+from practice.report import CaseResult, Result  # noqa: E402
 
 DEFAULT_TIMEOUT = 5.0  # seconds per case; the reference needs well under one
 DUMP_GRACE = 2.0  # seconds a timed-out child gets to write where it was (code stuck in C never does)
 STARTUP_TIMEOUT = 120.0  # a fresh process imports torch (once per judge run with forkserver)
 
 
+DEPENDENCIES = ("torch", "numpy", "nano_engine")  # what every case's process imports
+
+
 class JudgeError(ValueError):
     """A usage error (unknown exercise, missing file): a message for the learner, not a crash."""
 
 
-@dataclass
-class CaseResult:
-    name: str
-    status: str  # "pass", "fail" or "not attempted"
-    lines: list[str] = field(default_factory=list)
-
-    def format(self) -> list[str]:
-        if self.status == "pass":
-            return [f"PASS  {self.name}"]
-        if self.status == "not attempted":
-            return [f"NOT ATTEMPTED  {self.name}: {self.lines[0]}"]
-        return [f"FAIL  {self.name}"] + ["      " + line for line in self.lines]
+class MissingDependency(JudgeError):
+    """The judge runs on a Python (or a notebook kernel) that is not the project's."""
 
 
-@dataclass
-class Result:
-    number: int
-    header: str
-    cases: list[CaseResult]
-    preface: list[str] = field(default_factory=list)  # a file that does not load, reported once
+def check_dependencies() -> None:
+    """Raise MissingDependency, in one line with the command that fixes it, if a case could not start.
 
-    @property
-    def passed(self) -> int:
-        return sum(c.status == "pass" for c in self.cases)
+    Checked before any child process starts: a child without torch dies before it can say why.
+    """
+    missing = next((name for name in DEPENDENCIES if importlib.util.find_spec(name) is None), None)
+    if missing is None:
+        return
+    root = HERE.parent
+    venv = root / ".venv"
+    if "ipykernel" in sys.modules:  # a notebook whose kernel is another Python
+        lab = "make lab" if re.search(r"^lab:", _read(root / "Makefile"), re.M) else ".venv/bin/jupyter lab notebooks/"
+        fix = (f"switch to the project's kernel (Kernel > Change Kernel...), or start JupyterLab with `{lab}` "
+               f"in {root}" + ("" if venv.is_dir() else " after `make setup`"))
+        raise MissingDependency(f"this kernel's Python ({sys.executable}) cannot import {missing}: {fix}")
+    if Path(sys.prefix).resolve() == venv.resolve():  # the project's own Python, installed only in part
+        fix = "run `make setup`" + ("" if Path.cwd() == root else f" in {root}") + " and try again"
+    else:
+        activate = ".venv/bin/activate" if Path.cwd() == root else venv / "bin" / "activate"
+        fix = (f"run `source {activate}`"
+               + ("" if (venv / "bin" / "python").exists() else " (after `make setup`)") + " and try again")
+    raise MissingDependency(f"this Python ({sys.executable}) cannot import {missing}: {fix}")
 
-    @property
-    def failed(self) -> int:
-        return len(self.cases) - self.passed
 
-    @property
-    def ok(self) -> bool:
-        return self.failed == 0
-
-    def summary(self) -> str:
-        return f"{self.passed} passed, {self.failed} failed"
-
-    def report(self) -> str:
-        lines = [self.header, *self.preface, *(line for c in self.cases for line in c.format()), self.summary()]
-        return "\n".join(lines)
-
-    __str__ = report
-
-    def __repr__(self) -> str:
-        return f"<judge result for exercise {self.number}: {self.summary()}>"
-
-    def _repr_pretty_(self, p, cycle):  # IPython / Jupyter show the whole report
-        p.text(self.report())
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8") if path.is_file() else ""
 
 
 def exercises() -> dict[int, Path]:
@@ -205,6 +193,7 @@ def grade(number: int, solution: str | Path | None = None, reference: bool = Fal
     `only` keeps the cases whose name contains one of these strings. With echo, each line is
     printed as soon as it is known (the terminal); otherwise the Result shows it (a notebook).
     """
+    check_dependencies()
     found = exercises()
     if not str(number).isdigit() or int(number) not in found:
         raise JudgeError(f"there is no exercise {number!r}.\n{listing()}")
@@ -231,10 +220,10 @@ def grade(number: int, solution: str | Path | None = None, reference: bool = Fal
     chosen = [i for i, n in enumerate(names) if not keep or any(k in n for k in keep)]
     if not chosen:
         raise JudgeError(f"no case of exercise {number} matches {keep}; its cases: {', '.join(names)}")
-    if loaded["status"] != "pass":
-        result.preface = CaseResult(f"loading {_show(path)}", "fail", loaded["lines"]).format()
-        result.cases = [CaseResult(names[i], "fail", ["not run: your file did not load (see above)"]) for i in chosen]
-        for line in [*result.preface, *(line for c in result.cases for line in c.format())]:
+    if loaded["status"] != "pass":  # one report of why, not one per case
+        result.load_error = CaseResult(f"loading {_show(path)}", "fail", loaded["lines"])
+        result.cases = [CaseResult(names[i], "not run") for i in chosen]
+        for line in result.body():
             emit(line)
     else:
         for i in chosen:

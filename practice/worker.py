@@ -68,10 +68,12 @@ def explain_exception(exc: BaseException, learner_file: str) -> tuple[str, list[
     frames = _learner_frames(exc, learner_file)
     if isinstance(exc, NotImplementedError) and frames:
         return "not attempted", [f"{frames[-1].name}() raises NotImplementedError"]
+    if isinstance(exc, SyntaxError):  # the file never ran: where it does not parse, not a traceback
+        kind = "syntax error" if type(exc) is SyntaxError else f"syntax error ({type(exc).__name__})"
+        where = f"line {exc.lineno} of {_short(exc.filename)}" if exc.filename else f"line {exc.lineno}"
+        source = traceback.format_exception_only(type(exc), exc)[1:-1]  # the line and its caret
+        return "fail", [f"{kind} at {where}: {exc.msg}", *(line.rstrip() for line in source)]
     lines = ["runtime error: " + traceback.format_exception_only(type(exc), exc)[-1].strip()]
-    if isinstance(exc, SyntaxError):
-        lines += [line.rstrip() for line in traceback.format_exception_only(type(exc), exc)[:-1]]
-        return "fail", lines
     if not frames:  # raised inside nano_engine or Python: show where, so the cause can be traced
         frames = traceback.extract_tb(exc.__traceback__)[-1:]
         lines.append("  (raised outside your file, while running your code; innermost frame:)")

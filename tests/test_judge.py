@@ -2,8 +2,11 @@
 each deliberately wrong solution in judge_mutants/ fails with a message that names its mistake,
 and loops, exceptions, broken files and bad arguments get clear verdicts instead of a hang."""
 
+import os
+import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -11,7 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from practice.judge import JudgeError, exercises, grade, main  # noqa: E402
+import practice.judge as judge  # noqa: E402
+from practice.judge import JudgeError, MissingDependency, exercises, grade, main  # noqa: E402
+from practice.report import CaseResult, Result  # noqa: E402
 
 MUTANTS = ROOT / "tests" / "judge_mutants"
 
@@ -106,13 +111,29 @@ def test_exception_is_a_runtime_error_with_the_learners_traceback():
     assert "judge.py" not in text and "scenarios.py" not in text  # only the learner's own frames
 
 
-def test_a_file_that_does_not_load_is_reported_once(tmp_path):
+def test_a_syntax_error_is_reported_once_with_its_line(tmp_path):
     broken = tmp_path / "broken.py"
-    broken.write_text("class Scheduler(\n")
+    broken.write_text("import math\n\nclass Scheduler(\n")
     result = grade(130, broken)
-    assert not result.ok and result.passed == 0
-    preface = "\n".join(result.preface)
-    assert preface.startswith("FAIL  loading") and "SyntaxError" in preface
+    assert not result.ok and result.passed == 0 and result.failed == len(result.cases) > 1
+    text = result.report()
+    assert text.count("was never closed") == 1 and "runtime error" not in text, text
+    lines = text.splitlines()
+    assert lines[1] == f"FAIL  loading {broken}"
+    assert lines[2] == f"      syntax error at line 3 of {broken}: '(' was never closed", text
+    assert lines[3].strip() == "class Scheduler(" and lines[4].strip() == "^"
+    assert lines[5:] == [f"NOT RUN  all {len(result.cases)} cases: fix the error above, then grade again",
+                         f"0 passed, {len(result.cases)} failed"]
+    html = result._repr_html_()
+    assert html.count("<tr>") == 3 and "NOT RUN" in html and "syntax error at line 3" in html
+
+
+def test_a_runtime_error_while_loading_is_reported_once(tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text("x = undefined_name\n")
+    text = grade(131, broken).report()
+    assert text.count("runtime error: NameError") == 1 and "broken.py\", line 1" in text, text
+    assert "NOT RUN  all 4 cases" in text
 
 
 def test_unknown_exercise_and_missing_file_list_what_exists(capsys):
@@ -134,3 +155,76 @@ def test_command_line_exit_status():
     assert good.returncode == 0 and good.stdout.splitlines()[-1] == "4 passed, 0 failed"
     assert starter.returncode == 1 and starter.stdout.splitlines()[-1] == "0 passed, 4 failed"
     assert listed.returncode == 0 and "129_scheduler/solution.py" in listed.stdout
+
+
+# ----- a Python that is not the project's -----
+
+def _system_python() -> str:
+    """A python3 outside .venv (on this machine /usr/bin/python3, which has no torch)."""
+    venv = str(ROOT / ".venv")
+    for path in ["/usr/bin/python3", shutil.which("python3", path=os.defpath)]:
+        if path and os.path.exists(path) and not os.path.realpath(path).startswith(venv):
+            return path
+    raise AssertionError("no python3 outside .venv on this machine")
+
+
+def test_a_python_without_torch_is_told_in_one_line_how_to_fix_it():
+    python = _system_python()
+    has_torch = subprocess.run([python, "-c", "import torch"], capture_output=True).returncode == 0
+    # Where the system Python does have torch, hide it, so the check still has something to find.
+    cmd = ([python, "-c", "import runpy, sys; sys.modules['torch'] = None; sys.argv = ['practice/judge.py', '129']; "
+            "runpy.run_path('practice/judge.py', run_name='__main__')"] if has_torch
+           else [python, "practice/judge.py", "129"])
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert run.returncode == 2 and run.stdout == "", run
+    assert run.stderr.splitlines() == [f"judge: this Python ({python}) cannot import torch: "
+                                       "run `source .venv/bin/activate` and try again"], run.stderr
+
+
+def test_a_notebook_kernel_that_is_not_the_projects_is_told_before_any_case_starts(monkeypatch):
+    monkeypatch.setattr(judge, "DEPENDENCIES", ("torch", "no_such_module_of_the_project"))
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    monkeypatch.setattr(judge, "_run_child", lambda *a: pytest.fail("a child process was started"))
+    with pytest.raises(MissingDependency) as e:
+        grade(129)
+    message = str(e.value)
+    assert "\n" not in message and message.startswith(f"this kernel's Python ({sys.executable}) cannot import "
+                                                       "no_such_module_of_the_project: switch to the project's kernel")
+
+
+# ----- the report: plain text in a terminal, a table in a notebook -----
+
+def _sample_result():
+    return Result(129, "Exercise 129: the scheduler, grading solution.py", [
+        CaseResult("budget_shared", "pass"),
+        CaseResult("preempt_<tail>", "fail", ["scenario: budget 8 & 4 blocks", "  expected  a 4 prefill",
+                                              "  got       <b>bold</b> & more", "hint: preempt the <tail> & retry"]),
+        CaseResult("recompute", "not attempted", ["preempt() raises NotImplementedError"]),
+    ])
+
+
+def test_report_plain_text_is_one_line_per_case_and_a_summary():
+    result = _sample_result()
+    assert str(result) == repr(result) == result.report() == "\n".join([
+        "Exercise 129: the scheduler, grading solution.py",
+        "PASS  budget_shared",
+        "FAIL  preempt_<tail>",
+        "      scenario: budget 8 & 4 blocks",
+        "        expected  a 4 prefill",
+        "        got       <b>bold</b> & more",
+        "      hint: preempt the <tail> & retry",
+        "NOT ATTEMPTED  recompute: preempt() raises NotImplementedError",
+        "1 passed, 2 failed"])
+
+
+def test_report_html_is_a_table_with_every_case_escaped():
+    html = _sample_result()._repr_html_()
+    assert html.count("<tr>") == 4  # the header and one row per case
+    for name in ("budget_shared", "preempt_&lt;tail&gt;", "recompute"):
+        assert f"<code>{name}</code>" in html
+    for label, colour in (("PASS", "#1a7f37"), ("FAIL", "#cf222e"), ("NOT ATTEMPTED", "#6e7781")):
+        assert f"background:{colour};" in html and f">{label}</span>" in html
+    assert "got       &lt;b&gt;bold&lt;/b&gt; &amp; more" in html and "<b>bold</b>" not in html
+    assert "<td" in html and ">preempt the &lt;tail&gt; &amp; retry</td>" in html  # the hint, in its own column
+    assert "budget 8 &amp; 4 blocks" in html and "preempt() raises NotImplementedError" in html
+    assert html.endswith("<b>1 passed, 2 failed</b></p></div>")
