@@ -4,13 +4,14 @@ The workloads are the ones handed out (figures compare across runs only if they 
 accounting that turns an engine run into matmul FLOPs counts exactly the rows the runner computed.
 """
 
-import json
+import hashlib
 import sys
 from pathlib import Path
 
 import pytest
 
 BENCH = Path(__file__).parent.parent / "bench"
+WORKLOADS = BENCH / "workloads"
 sys.path.insert(0, str(BENCH))
 
 import run as bench_run  # noqa: E402
@@ -26,11 +27,20 @@ def test_workloads_are_the_ones_handed_out():
     assert (len(w1.requests), w1.max_new_tokens) == (6, 144)
     assert (len(w2.requests), w2.prompt_tokens, w2.max_new_tokens) == (64, 12670, 4606)
     assert all(r.ignore_eos for r in w2.requests) and not any(r.ignore_eos for r in w1.requests)
+
+
+def test_workload_files_match_their_recorded_checksums():
+    """The project's copy is byte for byte what was handed out: its SHA-256 sums are recorded
+    in bench/workloads/SHA256SUMS (`sha256sum -c SHA256SUMS` there checks the same)."""
+    recorded = dict(reversed(line.split()) for line in (WORKLOADS / "SHA256SUMS").read_text().splitlines())
+    assert sorted(recorded) == ["w1.json", "w2.json"]
+    for name, digest in recorded.items():
+        assert hashlib.sha256((WORKLOADS / name).read_bytes()).hexdigest() == digest, name
+    # Where the source is at hand, the copy must not have drifted from it either.
     shared = Path(__file__).parent.parent.parent / "shared" / "workloads"
-    for name in ("w1", "w2"):
-        if (shared / f"{name}.json").is_file():  # the project's copy must not drift from the source
-            assert json.loads((shared / f"{name}.json").read_text()) == \
-                json.loads((BENCH / "workloads" / f"{name}.json").read_text())
+    for name in recorded:
+        if (shared / name).is_file():
+            assert (shared / name).read_bytes() == (WORKLOADS / name).read_bytes(), name
 
 
 def test_long_prompt_workload_needs_chunked_prefill():
