@@ -4,7 +4,7 @@ PY := .venv/bin/python
 # (the tests run two workers on two cores).
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: setup run test bench bench-peers
+.PHONY: setup run test bench bench-peers lab book
 
 setup:
 	bash scripts/setup.sh
@@ -12,6 +12,17 @@ setup:
 # The main job: the identity check of the scheduler chapter on the embedded model.
 run: setup
 	$(PY) -m nano_engine
+
+# Read and run the chapters: JupyterLab on notebooks/ with the project's kernel; it prints the URL.
+# On a remote machine: make lab LAB_HOST=0.0.0.0 LAB_PORT=8888 (or an ssh tunnel, see README).
+LAB_HOST ?= 127.0.0.1
+LAB_PORT ?= 8888
+lab: setup
+	LAB_HOST=$(LAB_HOST) LAB_PORT=$(LAB_PORT) bash scripts/lab.sh
+
+# The chapters as static HTML with their stored outputs (nothing is re-executed): build/book/.
+book: setup
+	$(PY) scripts/build_book.py build/book
 
 # Every test: unit and property tests, the judge's self-checks, JupyterLab in headless Chromium,
 # the notebooks under strict nbval.
