@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import torch  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
 
 from nano_engine import Transformer, generate  # noqa: E402
 from nano_engine import mini_llm  # noqa: E402
@@ -126,20 +127,25 @@ class Bench:
         exceed budget_s sits out the later rounds. Returns times and each system's first outputs."""
         runs: dict[str, list[float]] = {s.name: [] for s in systems}
         outs, engines = {}, {}
-        for r in range(reps):
-            for s in systems[r % len(systems):] + systems[:r % len(systems)]:
-                done = runs[s.name]
-                ours = isinstance(s, (S.NanoEngine, roofline.FloorReplay))  # always timed every round
-                if done and not ours and statistics.median(done) * (len(done) + 1) > budget_s:
-                    continue
-                s.prepare(w)
-                t = time.perf_counter()
-                out = s.run(w)
-                done.append(time.perf_counter() - t)
-                s.finish()
-                outs.setdefault(s.name, out)
-                if isinstance(s, S.NanoEngine):
-                    engines.setdefault(s.name, s.last_engine)
+        # A bar on stderr, one tick per turn (a system that sits out ticks too): stdout keeps the tables.
+        with tqdm(total=reps * len(systems), desc=f"{w.name} rounds", unit="run", file=sys.stderr) as bar:
+            for r in range(reps):
+                for s in systems[r % len(systems):] + systems[:r % len(systems)]:
+                    bar.set_postfix_str(f"round {r + 1}/{reps}, {s.name}")
+                    done = runs[s.name]
+                    ours = isinstance(s, (S.NanoEngine, roofline.FloorReplay))  # always timed every round
+                    if done and not ours and statistics.median(done) * (len(done) + 1) > budget_s:
+                        bar.update(1)
+                        continue
+                    s.prepare(w)
+                    t = time.perf_counter()
+                    out = s.run(w)
+                    done.append(time.perf_counter() - t)
+                    s.finish()
+                    bar.update(1)
+                    outs.setdefault(s.name, out)
+                    if isinstance(s, S.NanoEngine):
+                        engines.setdefault(s.name, s.last_engine)
         return runs, outs, engines
 
     def workload(self, w: Workload, peers, dtypes, threads, skipped, warm_peers: bool) -> tuple[dict, bool]:
