@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import os
 from typing import Any, Iterable
 
 import numpy as np
@@ -40,7 +41,8 @@ def integer(name: str, value: Any, minimum: int | None = None, maximum: int | No
         v = operator.index(value)
     except TypeError:
         raise TypeError(f"{name}={value!r} must be an integer, got {_type_name(value)}") from None
-    _check_range(name, v, minimum, maximum)
+    if (minimum is not None and v < minimum) or (maximum is not None and v > maximum):
+        raise ValueError(f"{name}={value!r} must be an integer {_allowed(minimum, maximum)}")
     return v
 
 
@@ -53,9 +55,9 @@ def number(name: str, value: Any, minimum: float | None = None, maximum: float |
     v = float(value)
     if not math.isfinite(v):
         raise ValueError(f"{name}={value!r} must be a finite number")
-    if exclusive_minimum and minimum is not None and v <= minimum:
-        raise ValueError(f"{name}={value!r} must be > {minimum}")
-    _check_range(name, v, None if exclusive_minimum else minimum, maximum)
+    below = minimum is not None and (v <= minimum if exclusive_minimum else v < minimum)
+    if below or (maximum is not None and v > maximum):
+        raise ValueError(f"{name}={value!r} must be a number {_allowed(minimum, maximum, exclusive_minimum)}")
     return v
 
 
@@ -99,10 +101,38 @@ def token_ids(name: str, value: Any, vocab_size: int | None = None) -> list[int]
     return ids
 
 
-def _check_range(name: str, v: float, minimum: float | None, maximum: float | None) -> None:
-    if minimum is not None and maximum is not None and not minimum <= v <= maximum:
-        raise ValueError(f"{name}={v!r} must be in [{minimum}, {maximum}]")
-    if minimum is not None and v < minimum:
-        raise ValueError(f"{name}={v!r} must be >= {minimum}")
-    if maximum is not None and v > maximum:
-        raise ValueError(f"{name}={v!r} must be <= {maximum}")
+def memory_available() -> int | None:
+    """Bytes of memory the machine can give a new allocation now (Linux MemAvailable), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # the file says kB
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def fits_in_memory(name: str, num_bytes: int, fraction: float = 0.9) -> None:
+    """Refuse (ValueError) an allocation of `num_bytes` above `fraction` of the available memory.
+
+    Checked before allocating: torch.zeros of more than the machine has is not an exception, it
+    is the kernel killing the process.
+    """
+    available = memory_available()
+    if available is not None and num_bytes > fraction * available:
+        raise ValueError(f"{name} needs {num_bytes:,} bytes ({num_bytes / 2**30:.2f} GiB), more than "
+                         f"{fraction:.0%} of the {available:,} bytes ({available / 2**30:.2f} GiB) this "
+                         f"machine has available")
+
+
+def _allowed(minimum, maximum, exclusive_minimum: bool = False) -> str:
+    """The allowed range in words: 'in (0, 1]', '>= 1', '<= 5'."""
+    if minimum is not None and maximum is not None:
+        return f"in {'(' if exclusive_minimum else '['}{minimum}, {maximum}]"
+    if minimum is not None:
+        return f"{'>' if exclusive_minimum else '>='} {minimum}"
+    return f"<= {maximum}"

@@ -1,24 +1,32 @@
 """The engine loop: requests in, one scheduled forward pass per step, tokens out.
 
 `LLMEngine.step()` is three calls, as in vLLM V1's `vllm/v1/engine/core.py` (EngineCore.step):
-schedule, run the model, update the requests from its output. Every step is recorded in
-`step_log` (who got how many tokens, prefill or decode, preemptions, free blocks, queue lengths),
-which is what the chapters' traces and timelines are drawn from.
+schedule, run the model, update the requests from its output. A step that raises finishes its
+requests with finish_reason "error" and frees their blocks before the exception leaves, so the
+engine stays usable. Each step is recorded in `step_log` (steplog.py: who got how many tokens,
+preemptions, free blocks, queue lengths; the most recent `step_log_size` steps), which is what
+the chapters' traces and timelines are drawn from. Finished requests stay in `requests` until
+`release()` (as vLLM's output processor drops a request once its final output is out).
 """
 
 from __future__ import annotations
 
-import itertools
 import time
-from dataclasses import dataclass, field, fields
+from collections import deque
+from dataclasses import dataclass, fields
 from typing import Sequence
 
+import numpy as np
+import torch
+
+from . import checks
 from .mini_llm import Transformer
 from .paged import BlockPool
 from .request import Request, RequestStatus, SamplingParams
 from .runner import ModelRunner, SeqChunk, build_batch
 from .sampling import sample
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from .steplog import EngineStats, StepRecord
 
 
 @dataclass
@@ -26,87 +34,60 @@ class EngineConfig(SchedulerConfig):
     num_blocks: int = 256
     block_size: int = 16
     enable_prefix_caching: bool = True
+    step_log_size: int = 10_000  # records kept in LLMEngine.step_log, the most recent ones; 0 = none
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("num_blocks", "block_size"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name}={v!r} must be an integer >= 1")
+        self.num_blocks = checks.integer("num_blocks", self.num_blocks, minimum=1)
+        self.block_size = checks.integer("block_size", self.block_size, minimum=1)
+        self.enable_prefix_caching = checks.flag("enable_prefix_caching", self.enable_prefix_caching)
+        self.step_log_size = checks.integer("step_log_size", self.step_log_size, minimum=0)
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(**{f.name: getattr(self, f.name) for f in fields(SchedulerConfig)})
-
-
-@dataclass
-class StepRecord:
-    step: int
-    start: float  # seconds since the engine was created
-    duration: float  # seconds
-    scheduled: list[tuple[str, int, str]]  # (request_id, tokens, "prefill" | "decode" | "recompute")
-    preempted: list[str]
-    finished: list[str]
-    num_free_blocks: int  # at the end of the step
-    waiting_ids: list[str]  # at the end of the step
-    running_ids: list[str]  # at the end of the step (some may have got no tokens in it)
-    num_sampled: int = 0  # rows that sampled a token (the LM head ran on these only)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.waiting_ids)
-
-    @property
-    def num_running(self) -> int:
-        return len(self.running_ids)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(n for _, n, _ in self.scheduled)
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        """Tokens that are not decodes: prompt chunks and recomputed ones."""
-        return sum(n for _, n, kind in self.scheduled if kind != "decode")
-
-    @property
-    def num_requests(self) -> int:
-        return len(self.scheduled)
-
-
-@dataclass
-class EngineStats:
-    steps: int = 0
-    preemptions: int = 0
-    tokens: int = 0  # tokens processed by the model
-    recomputed_tokens: int = 0
-    seconds: float = 0.0
-    finished: list[str] = field(default_factory=list)
 
 
 class LLMEngine:
     def __init__(self, model: Transformer, tokenizer=None, config: EngineConfig | None = None,
                  scheduler_cls: type[Scheduler] = Scheduler, **kwargs):
         """`scheduler_cls` swaps in another Scheduler (a learner's, in the exercises)."""
+        if not isinstance(model, Transformer):
+            raise TypeError(f"model must be a nano_engine Transformer (Transformer.from_pretrained(path) or "
+                            f"nano_engine.tiny.tiny_model()), got {type(model).__name__}")
+        if isinstance(tokenizer, (EngineConfig, dict)):
+            raise TypeError("the second argument is the tokenizer: pass settings as config=EngineConfig(...) "
+                            "or as keywords")
+        if config is not None and not isinstance(config, EngineConfig):
+            raise TypeError(f"config must be an EngineConfig or None, got {type(config).__name__}; or pass the "
+                            f"settings as keywords, e.g. LLMEngine(model, max_num_batched_tokens=64)")
         if config is not None and kwargs:
             raise ValueError("pass either config or keyword settings, not both")
+        allowed = [f.name for f in fields(EngineConfig)]
+        unknown = sorted(set(kwargs) - set(allowed))
+        if unknown:
+            raise TypeError(f"unknown engine settings {unknown}; allowed: {', '.join(allowed)}")
+        if not isinstance(scheduler_cls, type):
+            raise TypeError(f"scheduler_cls must be a class (a Scheduler subclass), got {scheduler_cls!r}")
         self.config = config or EngineConfig(**kwargs)
         self.model, self.tokenizer = model, tokenizer
+        # The KV cache first: it refuses a pool larger than memory before anything is allocated.
+        self.runner = ModelRunner(model, self.config.num_blocks, self.config.block_size)
         self.block_pool = BlockPool(self.config.num_blocks, self.config.enable_prefix_caching)
         self.scheduler = scheduler_cls(self.config.scheduler_config(), self.block_pool, self.config.block_size)
-        self.runner = ModelRunner(model, self.config.num_blocks, self.config.block_size)
         eos = model.config.eos_token_id
         self.eos_token_ids = {eos} if isinstance(eos, int) else set(eos or ())
-        self.requests: dict[str, Request] = {}
-        self.step_log: list[StepRecord] = []
+        self.requests: dict[str, Request] = {}  # unfinished ones, and finished ones not yet released
+        self.step_log: deque[StepRecord] = deque(maxlen=self.config.step_log_size)
         self.stats = EngineStats()
-        self._ids = itertools.count()
+        self._next_id = 0  # automatic request ids: the lowest free number from here
+        self._num_added = 0  # arrival order (Request.seq)
+        self._added: list[str] = []  # events since the last record
+        self._aborted: list[str] = []
         self._t0 = time.perf_counter()
 
     @classmethod
     def from_pretrained(cls, path=None, dtype=None, **kwargs) -> "LLMEngine":
         """The embedded model (or `path`, or $NANO_ENGINE_MODEL) with its tokenizer."""
-        import torch
-
         from .loading import load_tokenizer
 
         model = Transformer.from_pretrained(path, dtype=dtype or torch.float32)
@@ -116,58 +97,114 @@ class LLMEngine:
     def add_request(self, prompt_ids: Sequence[int], sampling_params: SamplingParams | None = None,
                     request_id: str | None = None, priority: int = 0,
                     arrival_time: float | None = None) -> str:
-        """Queue a request; returns its id. Raises ValueError for anything that could never run."""
-        params = sampling_params if sampling_params is not None else SamplingParams()
+        """Queue a request; returns its id. Refuses (TypeError, ValueError) anything that could never run,
+        before changing anything."""
+        return self._add(prompt_ids, sampling_params, request_id, priority, arrival_time, "prompt_ids")
+
+    def _add(self, prompt_ids, sampling_params, request_id, priority, arrival_time, name: str) -> str:
+        params = SamplingParams() if sampling_params is None else sampling_params
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
-        ids = list(prompt_ids)
+            raise TypeError(f"sampling_params must be a SamplingParams or None, got {type(params).__name__}")
+        ids = checks.token_ids(name, prompt_ids, self.model.config.vocab_size)
         if not ids:
-            raise ValueError("prompt_ids is empty: a request needs at least one prompt token")
-        vocab = self.model.config.vocab_size
-        for t in ids:
-            if isinstance(t, bool) or not isinstance(t, int) and not hasattr(t, "__index__"):
-                raise ValueError(f"token id {t!r} is not an integer")
-            if not 0 <= int(t) < vocab:
-                raise ValueError(f"token id {int(t)} is outside the vocabulary [0, {vocab})")
+            raise ValueError(f"{name} is empty: a request needs at least one prompt token")
         total = len(ids) + params.max_tokens
         max_len = self.model.config.max_position_embeddings
         if total > max_len:
             raise ValueError(f"prompt ({len(ids)}) + max_tokens ({params.max_tokens}) = {total} tokens, "
                              f"above the model's max_position_embeddings={max_len}")
-        rid = str(next(self._ids)) if request_id is None else str(request_id)
-        if rid in self.requests and not self.requests[rid].is_finished:
-            raise ValueError(f"request_id {rid!r} is already in use")
-        req = Request(rid, [int(t) for t in ids], params, priority=priority, seq=len(self.requests),
+        priority = checks.integer("priority", priority)
+        if arrival_time is not None:
+            arrival_time = checks.number("arrival_time", arrival_time)
+        if request_id is None:
+            auto = self._next_id
+            while str(auto) in self.requests:  # never collide with an id the caller chose
+                auto += 1
+            rid = str(auto)
+        else:
+            rid = self._check_id(request_id)
+            if rid in self.requests:
+                state = "finished but not released" if self.requests[rid].is_finished else "unfinished"
+                raise ValueError(f"request_id={rid!r} is already in use ({state}); release() a finished "
+                                 f"request to reuse its id")
+        req = Request(rid, ids, params, priority=priority, seq=self._num_added,
                       arrival_time=time.perf_counter() if arrival_time is None else arrival_time)
         self.scheduler.add_request(req)  # may refuse a request that can never fit
         self.requests[rid] = req
+        self._num_added += 1
+        if request_id is None:
+            self._next_id = int(rid) + 1
+        self._added.append(rid)
         return rid
 
-    def abort(self, request_id: str) -> None:
-        """Stop a request and free everything it holds."""
-        req = self.requests.get(request_id)
+    @staticmethod
+    def _check_id(request_id) -> str:
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id={request_id!r} must be a str (request ids are strings, as in vLLM), "
+                            f"got {type(request_id).__name__}")
+        if not request_id:
+            raise ValueError("request_id='' must be a non-empty string")
+        return request_id
+
+    def _get(self, request_id) -> Request:
+        req = self.requests.get(self._check_id(request_id))
         if req is None:
-            raise KeyError(f"no request with id {request_id!r}")
+            raise KeyError(f"no request with id {request_id!r} (released, or never added)")
+        return req
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request and free everything it holds (nothing happens if it has finished)."""
+        req = self._get(request_id)
         if not req.is_finished:
             self.scheduler.finish(req, "abort")
+            if request_id in self._added:  # no step has seen it: it leaves no trace in the log
+                self._added.remove(request_id)
+            else:
+                self._aborted.append(request_id)
+
+    def release(self, request_id: str) -> Request:
+        """Forget a finished request (its id may then be reused); returns it."""
+        req = self._get(request_id)
+        if not req.is_finished:
+            raise ValueError(f"request {request_id!r} is {req.status.value}: abort() it or run it to the end "
+                             f"before releasing it")
+        return self.requests.pop(request_id)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
     # ----- one step -----
     def step(self) -> list[Request]:
-        """Schedule, run one forward pass, sample and update. Returns the requests that finished."""
+        """Schedule, run one forward pass, sample and update. Returns the requests that finished.
+
+        If anything in the step raises, its requests finish with "error" (all unfinished ones if the
+        scheduler itself raised), their blocks are freed, and the exception is re-raised.
+        """
         t = time.perf_counter()
-        out = self.scheduler.schedule()
-        finished: list[Request] = []
-        samplers: list[Request] = []
-        if out.chunks:
-            logits = self.runner.forward(self._batch(out))
-            samplers = [c.request for c in out.chunks if c.start + c.n == c.request.num_tokens]
-            tokens = sample(logits, [r.sampling_params for r in samplers], [r.generator for r in samplers])
-            finished = self._update(out, dict(zip(map(id, samplers), tokens)))
-        self._log(out, finished, t, len(samplers))
+        out, finished, num_sampled = None, [], 0
+        try:
+            out = self.scheduler.schedule()
+            if out.chunks:
+                logits = self.runner.forward(self._batch(out))
+                samplers = [c.request for c in out.chunks if c.start + c.n == c.request.num_tokens]
+                tokens = sample(logits, [r.sampling_params for r in samplers], [r.generator for r in samplers])
+                num_sampled = len(samplers)
+                self._update(out, dict(zip(map(id, samplers), tokens)), finished)
+        except BaseException as e:
+            self._fail(out, finished, t, e)
+            raise
+        self._log(out, finished, t, num_sampled)
         return finished
+
+    def _fail(self, out: SchedulerOutput | None, finished: list[Request], t: float, error: BaseException) -> None:
+        # Without the scheduler's output its queues cannot be trusted: finish every unfinished request.
+        victims = (self.requests.values() if out is None else [c.request for c in out.chunks])
+        for req in [r for r in victims if not r.is_finished]:
+            self.scheduler.finish(req, "error")
+            finished.append(req)
+        if not self.scheduler.has_unfinished() and self.block_pool.num_free != self.block_pool.num_blocks:
+            self._new_block_pool()  # blocks taken by a scheduler that raised mid-step: start clean
+        self._log(out or SchedulerOutput(), finished, t, 0, error=f"{type(error).__name__}: {error}")
 
     def _batch(self, out: SchedulerOutput):
         chunks = []
@@ -177,9 +214,8 @@ class LLMEngine:
                                    sample=c.start + c.n == req.num_tokens))
         return build_batch(chunks, self.config.block_size)
 
-    def _update(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Request]:
+    def _update(self, out: SchedulerOutput, sampled: dict[int, int], finished: list[Request]) -> None:
         now, bs = time.perf_counter(), self.config.block_size
-        finished = []
         for c in out.chunks:
             req = c.request
             req.num_computed = c.start + c.n
@@ -198,58 +234,85 @@ class LLMEngine:
                 self.scheduler.finish(req, "length")
             if req.is_finished:
                 finished.append(req)
-        return finished
 
-    def _log(self, out: SchedulerOutput, finished: list[Request], t: float, num_sampled: int) -> None:
+    def _log(self, out: SchedulerOutput, finished: list[Request], t: float, num_sampled: int,
+             error: str | None = None) -> None:
         end = time.perf_counter()
+        s = self.stats
+        step, s.steps = s.steps, s.steps + 1
+        s.seconds += end - t
+        waiting, running = len(self.scheduler.waiting), len(self.scheduler.running)
+        if not (out.chunks or out.preempted or finished or self._added or self._aborted or waiting or error):
+            return  # an idle step: nothing to record
         rec = StepRecord(
-            step=len(self.step_log), start=t - self._t0, duration=end - t,
+            step=step, start=t - self._t0, duration=end - t,
             scheduled=[(c.request.request_id, c.n, c.kind) for c in out.chunks],
             preempted=[r.request_id for r in out.preempted],
             finished=[r.request_id for r in finished],
-            num_free_blocks=self.block_pool.num_free,
-            waiting_ids=[r.request_id for r in self.scheduler.waiting],
-            running_ids=[r.request_id for r in self.scheduler.running],
-            num_sampled=num_sampled,
+            num_free_blocks=self.block_pool.num_free, num_waiting=waiting, num_running=running,
+            num_sampled=num_sampled, added=self._added, aborted=self._aborted, error=error,
         )
+        self._added, self._aborted = [], []
         self.step_log.append(rec)
-        s = self.stats
-        s.steps += 1
-        s.preemptions += len(out.preempted)
-        s.tokens += rec.num_tokens
-        s.recomputed_tokens += sum(n for _, n, kind in rec.scheduled if kind == "recompute")
-        s.seconds += rec.duration
-        s.finished.extend(rec.finished)
+        s.preemptions += len(rec.preempted)
+        s.num_finished += len(rec.finished)
+        if error is None:
+            s.tokens += rec.num_tokens
+            s.recomputed_tokens += sum(n for _, n, kind in rec.scheduled if kind == "recompute")
+        else:
+            s.num_errors += 1
 
     # ----- the whole loop -----
     def generate(self, prompts: Sequence[Sequence[int]],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[Request]:
-        """Run prompts to completion; returns their finished requests in the same order."""
+        """Run prompts to completion; returns their finished requests in the same order, released.
+
+        All or nothing: if a prompt is refused or a step raises, every request of this call is aborted
+        and released before the exception leaves.
+        """
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (Sequence, torch.Tensor, np.ndarray)):
+            raise TypeError(f"prompts must be a list of prompts (each a list of token ids or a 1-D integer "
+                            f"tensor), got {type(prompts).__name__}")
+        if isinstance(prompts, (torch.Tensor, np.ndarray)) and prompts.ndim != 2:
+            raise TypeError(f"prompts as a tensor must be 2-D (one prompt per row), got shape {tuple(prompts.shape)}")
+        if len(prompts) and all(isinstance(p, (int, np.integer)) for p in prompts):
+            raise TypeError("prompts must be a list of prompts, got a list of ints: for one prompt, pass [prompt_ids]")
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(prompts)
+        elif not isinstance(sampling_params, Sequence) or isinstance(sampling_params, (str, bytes)):
+            raise TypeError(f"sampling_params must be a SamplingParams, a list of them (one per prompt) or None, "
+                            f"got {type(sampling_params).__name__}")
         if len(sampling_params) != len(prompts):
             raise ValueError(f"{len(sampling_params)} sampling params for {len(prompts)} prompts")
+        for i, sp in enumerate(sampling_params):
+            if sp is not None and not isinstance(sp, SamplingParams):
+                raise TypeError(f"sampling_params[{i}] must be a SamplingParams, got {type(sp).__name__}")
         ids: list[str] = []
         try:
-            for p, sp in zip(prompts, sampling_params):
-                ids.append(self.add_request(p, sp))
-        except ValueError:
-            for rid in ids:  # all or nothing: a bad prompt leaves no half-added batch behind
+            for i, (p, sp) in enumerate(zip(prompts, sampling_params)):
+                ids.append(self._add(p, sp, None, 0, None, f"prompts[{i}]"))
+            while any(not self.requests[i].is_finished for i in ids):
+                tokens = self.stats.tokens
+                self.step()
+                if self.stats.tokens == tokens:  # cannot happen for validated requests; never hang
+                    raise RuntimeError(f"step {self.stats.steps - 1} scheduled nothing with "
+                                       f"{len(self.scheduler.waiting)} requests waiting")
+        except BaseException:
+            for rid in ids:
                 self.abort(rid)
+                self.release(rid)
             raise
-        while any(not self.requests[i].is_finished for i in ids):
-            self.step()
-            if not self.step_log[-1].scheduled:  # cannot happen for validated requests; never hang
-                raise RuntimeError(f"step {self.step_log[-1].step} scheduled nothing with "
-                                   f"{len(self.scheduler.waiting)} requests waiting")
-        return [self.requests[i] for i in ids]
+        return [self.release(i) for i in ids]
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block (only possible when no request holds blocks)."""
         if self.scheduler.has_unfinished():
             raise RuntimeError("cannot reset the prefix cache while requests are unfinished")
-        self.block_pool = BlockPool(self.config.num_blocks, self.config.enable_prefix_caching)
+        self._new_block_pool()
+
+    def _new_block_pool(self) -> None:
+        self.block_pool = type(self.block_pool)(self.config.num_blocks, self.config.enable_prefix_caching)
         self.scheduler.pool = self.block_pool
 
 
-__all__ = ["EngineConfig", "LLMEngine", "RequestStatus", "StepRecord"]
+__all__ = ["EngineConfig", "EngineStats", "LLMEngine", "RequestStatus", "StepRecord"]

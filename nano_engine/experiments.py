@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from itertools import islice
 from typing import Sequence
 
-from .engine import LLMEngine, StepRecord
+from .engine import LLMEngine
 from .mini_llm import Transformer, generate
 from .request import SamplingParams
+from .steplog import StepRecord
 
 CHAT_PROMPTS = [
     "What is a KV cache?",
@@ -89,12 +91,12 @@ def identity_check(model: Transformer, prompts: Sequence[Sequence[int]], max_tok
 
 def trace_rows(log: Sequence[StepRecord], first: int = 6) -> list[tuple[int, int, int, int]]:
     """(tokens, requests, prefill tokens, waiting) of the first steps of a step log."""
-    return [(r.num_tokens, r.num_requests, r.num_prefill_tokens, r.num_waiting) for r in log[:first]]
+    return [(r.num_tokens, r.num_requests, r.num_prefill_tokens, r.num_waiting) for r in islice(log, first)]
 
 
 def format_trace(log: Sequence[StepRecord], first: int = 6) -> str:
     lines = [f"{'step':>4}{'tokens':>8}{'requests':>10}{'prefill':>9}{'waiting':>9}  who got what"]
-    for rec in log[:first]:
+    for rec in islice(log, first):
         who = " ".join(f"{rid}:{n}{kind[0]}" for rid, n, kind in rec.scheduled)
         lines.append(f"{rec.step:>4}{rec.num_tokens:>8}{rec.num_requests:>10}{rec.num_prefill_tokens:>9}"
                      f"{rec.num_waiting:>9}  {who}")

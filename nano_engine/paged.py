@@ -15,10 +15,13 @@ so cached blocks are evicted least-recently-used first.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import OrderedDict
 from typing import Sequence
 
 import torch
+
+from . import checks
 
 
 def hash_block(parent: bytes | None, tokens: Sequence[int]) -> bytes:
@@ -134,6 +137,10 @@ class PagedKVCache:
         self.block_size = block_size
         self.num_blocks = num_blocks
         shape = (num_blocks * block_size, num_kv_heads, head_dim)
+        # Refuse a pool larger than memory before allocating it (K and V, every layer).
+        num_bytes = 2 * num_layers * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        checks.fits_in_memory(f"a KV cache of {num_blocks} blocks x {block_size} tokens x {num_layers} layers "
+                              f"x {num_kv_heads} KV heads x head_dim {head_dim} ({dtype}, K and V)", num_bytes)
         self.k = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
 

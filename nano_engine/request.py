@@ -9,16 +9,24 @@ The scheduler's job is to let `num_computed` catch up with `num_tokens`. Mirrors
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, field
 
 import torch
+
+from . import checks
+
+
+# Temperatures below this are greedy: dividing logits by less overflows float32 to inf, and the
+# softmax of inf is NaN. vLLM uses the same bound (`_SAMPLING_EPS` in vllm/sampling_params.py).
+SAMPLING_EPS = 1e-5
+# What torch.Generator.manual_seed accepts (negative seeds wrap around modulo 2**64).
+SEED_MIN, SEED_MAX = -(2 ** 63), 2 ** 64 - 1
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 64
-    temperature: float = 0.0  # 0 = greedy
+    temperature: float = 0.0  # below SAMPLING_EPS = greedy
     top_p: float = 1.0  # 1 = no nucleus cut
     top_k: int = 0  # 0 = no limit
     seed: int | None = None
@@ -26,22 +34,26 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens={self.max_tokens!r} must be an integer >= 1")
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
-                and self.temperature >= 0):
-            raise ValueError(f"temperature={self.temperature!r} must be a finite number >= 0 (0 = greedy)")
-        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
-            raise ValueError(f"top_p={self.top_p!r} must be in (0, 1]")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k!r} must be an integer >= 0 (0 = no limit)")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed={self.seed!r} must be an integer or None")
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        # Normalized values (NumPy scalars become Python ones) are written back: frozen dataclass.
+        def put(name, value):
+            object.__setattr__(self, name, value)
+
+        put("max_tokens", checks.integer("max_tokens", self.max_tokens, minimum=1))
+        put("temperature", checks.number("temperature", self.temperature, minimum=0))
+        put("top_p", checks.number("top_p", self.top_p, minimum=0, maximum=1, exclusive_minimum=True))
+        put("top_k", checks.integer("top_k", self.top_k, minimum=0))
+        if self.seed is not None:
+            put("seed", checks.integer("seed", self.seed, minimum=SEED_MIN, maximum=SEED_MAX))
+        stops = checks.token_ids("stop_token_ids", self.stop_token_ids)
+        for i, t in enumerate(stops):
+            if t < 0:
+                raise ValueError(f"stop_token_ids[{i}]={t} must be >= 0 (a token id)")
+        put("stop_token_ids", tuple(stops))
+        put("ignore_eos", checks.flag("ignore_eos", self.ignore_eos))
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < SAMPLING_EPS
 
 
 class RequestStatus(enum.Enum):
@@ -61,7 +73,7 @@ class Request:
     num_computed: int = 0  # tokens whose KV is in the cache
     block_ids: list[int] = field(default_factory=list)  # the block table
     status: RequestStatus = RequestStatus.WAITING
-    finish_reason: str | None = None  # "stop", "length" or "abort"
+    finish_reason: str | None = None  # "stop", "length", "abort", or "error" (its step raised)
     num_preemptions: int = 0
     num_cached_tokens: int = -1  # prefix-cache hit at first admission; -1 until admitted
     recompute_until: int = 0  # tokens that had KV before the last preemption

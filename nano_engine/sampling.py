@@ -1,9 +1,10 @@
 """Sampling: turn each sampling row of logits into one token, by its own request's parameters.
 
-Greedy (temperature 0) is an argmax. Otherwise: divide by the temperature, keep the top-k logits,
-keep the smallest set of tokens whose probability reaches top_p, and draw one. A request with a
-seed draws from its own `torch.Generator`, so its tokens do not depend on what else shares the
-batch. Mirrors vLLM's `vllm/v1/sample/sampler.py` and `vllm/v1/sample/ops/topk_topp_sampler.py`.
+Greedy (temperature below SAMPLING_EPS) is an argmax. Otherwise, in vLLM's order: divide by the
+temperature first, then keep the top-k logits, keep the smallest set of tokens whose probability
+(after the temperature) reaches top_p, and draw one. A request with a seed draws from its own
+`torch.Generator`, so its tokens do not depend on what else shares the batch. Mirrors vLLM's
+`vllm/v1/sample/sampler.py` and `vllm/v1/sample/ops/topk_topp_sampler.py`.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     if top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
         probs = sorted_logits.softmax(-1)
-        # Drop a token when the tokens before it already reach top_p; the first token always stays.
+        # Drop a token when the tokens before it already reach top_p. The first token always stays,
+        # also when top_p rounds to 0 in the logits' dtype: a row of only -inf would be NaN.
         drop = (probs.cumsum(-1) - probs) >= top_p
+        drop[0] = False
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
     return logits
 

@@ -13,7 +13,7 @@ import io
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .engine import StepRecord
+from .steplog import StepRecord, queue_states
 
 # One colour per state; the order is the legend's.
 STATE_COLORS = {
@@ -47,19 +47,21 @@ class Timeline:
 
 def timeline(log: Sequence[StepRecord]) -> Timeline:
     """The state of every request at every step of a step log."""
+    log = list(log)
+    queues = queue_states(log)  # the records hold events only; the queues are replayed from them
     ids: list[str] = []
     seen: set[str] = set()
-    for rec in log:
-        for rid in [r for r, _, _ in rec.scheduled] + rec.preempted + rec.running_ids + rec.waiting_ids:
+    for rec, q in zip(log, queues):
+        for rid in [r for r, _, _ in rec.scheduled] + rec.preempted + q.running + q.waiting:
             if rid not in seen:
                 seen.add(rid)
                 ids.append(rid)
     row = {rid: i for i, rid in enumerate(ids)}
     states: list[list[str | None]] = [[None] * len(log) for _ in ids]
-    for s, rec in enumerate(log):
-        for rid in rec.waiting_ids:
+    for s, (rec, q) in enumerate(zip(log, queues)):
+        for rid in q.waiting:
             states[row[rid]][s] = "waiting"
-        for rid in rec.running_ids:
+        for rid in q.running:
             states[row[rid]][s] = "stalled"
         for rid, _, kind in rec.scheduled:
             states[row[rid]][s] = kind

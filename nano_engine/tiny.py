@@ -5,12 +5,21 @@ from __future__ import annotations
 
 import torch
 
+from . import checks
 from .mini_llm import ModelConfig, Transformer
+from .request import SEED_MAX, SEED_MIN
 
 
 def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float64, vocab_size: int = 64,
                num_layers: int = 2, qk_norm: bool = False, eos_token_id: int = 0) -> Transformer:
     """A 2-layer Llama-style model (Qwen3-style with qk_norm) with random weights."""
+    seed = checks.integer("seed", seed, minimum=SEED_MIN, maximum=SEED_MAX)
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype={dtype!r} must be a floating-point torch.dtype, e.g. torch.float64")
+    vocab_size = checks.integer("vocab_size", vocab_size, minimum=2)
+    num_layers = checks.integer("num_layers", num_layers, minimum=1)
+    qk_norm = checks.flag("qk_norm", qk_norm)
+    eos_token_id = checks.integer("eos_token_id", eos_token_id, minimum=0, maximum=vocab_size - 1)
     cfg = ModelConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
                       num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
                       head_dim=8, qk_norm=qk_norm, eos_token_id=eos_token_id,

@@ -1,58 +1,213 @@
-"""Bad input gets a ValueError that names the value and the limit, and leaves the engine usable."""
+"""Bad input gets a TypeError or ValueError naming the field, the value and what is allowed, raised
+before anything changes; a step that raises leaves the engine usable."""
 
+import math
+
+import numpy as np
 import pytest
+import torch
 
-from nano_engine import EngineConfig, LLMEngine, SamplingParams
+from nano_engine import EngineConfig, LLMEngine, SamplingParams, checks, sampling
+from nano_engine.request import SEED_MAX, SEED_MIN
+from nano_engine.tiny import tiny_model
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(max_tokens=0), r"max_tokens=0 must be an integer >= 1"),
-    (dict(temperature=-0.5), r"temperature=-0.5"),
-    (dict(temperature=float("nan")), r"temperature=nan"),
-    (dict(top_p=0.0), r"top_p=0.0 must be in \(0, 1\]"),
-    (dict(top_p=1.5), r"top_p=1.5"),
-    (dict(top_k=-1), r"top_k=-1"),
-    (dict(seed=1.5), r"seed=1.5"),
+# ----- SamplingParams -----
+@pytest.mark.parametrize("kw, error, match", [
+    (dict(max_tokens=0), ValueError, r"max_tokens=0 must be an integer >= 1"),
+    (dict(max_tokens=True), TypeError, r"max_tokens=True must be an integer, not a bool"),
+    (dict(max_tokens=2.0), TypeError, r"max_tokens=2.0 must be an integer"),
+    (dict(temperature=-0.5), ValueError, r"temperature=-0.5 must be a number >= 0"),
+    (dict(temperature=float("nan")), ValueError, r"temperature=nan must be a finite number"),
+    (dict(temperature=float("inf")), ValueError, r"temperature=inf must be a finite number"),
+    (dict(temperature=True), TypeError, r"temperature=True must be a real number, got a bool"),
+    (dict(temperature="0.7"), TypeError, r"temperature='0.7' must be a real number, got str"),
+    (dict(top_p=0.0), ValueError, r"top_p=0.0 must be a number in \(0, 1\]"),
+    (dict(top_p=1.5), ValueError, r"top_p=1.5 must be a number in \(0, 1\]"),
+    (dict(top_k=-1), ValueError, r"top_k=-1 must be an integer >= 0"),
+    (dict(top_k=None), TypeError, r"top_k=None must be an integer"),
+    (dict(seed=1.5), TypeError, r"seed=1.5 must be an integer"),
+    (dict(seed=True), TypeError, r"seed=True must be an integer, not a bool"),
+    (dict(seed=SEED_MAX + 1), ValueError,
+     rf"seed={SEED_MAX + 1} must be an integer in \[{SEED_MIN}, {SEED_MAX}\]"),
+    (dict(seed=SEED_MIN - 1), ValueError, r"seed=.* must be an integer in"),
+    (dict(stop_token_ids=5), TypeError, r"stop_token_ids must be a sequence of token ids"),
+    (dict(stop_token_ids=[1.7]), TypeError, r"stop_token_ids\[0\]=1.7 must be an integer"),
+    (dict(stop_token_ids=["a"]), TypeError, r"stop_token_ids\[0\]='a' must be an integer"),
+    (dict(stop_token_ids=[3, -1]), ValueError, r"stop_token_ids\[1\]=-1 must be >= 0"),
+    (dict(ignore_eos="no"), TypeError, r"ignore_eos='no' must be True or False"),
+    (dict(ignore_eos=1), TypeError, r"ignore_eos=1 must be True or False"),
 ])
-def test_bad_sampling_params(kw, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_sampling_params(kw, error, match):
+    with pytest.raises(error, match=match):
         SamplingParams(**kw)
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(max_num_batched_tokens=0), r"max_num_batched_tokens=0 must be an integer >= 1"),
-    (dict(max_num_seqs=0), r"max_num_seqs=0"),
-    (dict(num_blocks=0), r"num_blocks=0"),
-    (dict(block_size=-4), r"block_size=-4"),
-    (dict(policy="lifo"), r"policy='lifo' is not one of"),
-    (dict(priority_aging=-1.0), r"priority_aging=-1.0"),
-    (dict(max_num_seqs=2.5), r"max_num_seqs=2.5"),
+def test_numpy_and_torch_scalars_are_fine_and_normalized():
+    sp = SamplingParams(max_tokens=np.int64(3), temperature=np.float32(0.5), top_k=torch.tensor(2),
+                        seed=np.uint64(SEED_MAX), stop_token_ids=np.array([4, 5]), ignore_eos=np.bool_(True))
+    assert sp == SamplingParams(max_tokens=3, temperature=0.5, top_k=2, seed=SEED_MAX, stop_token_ids=(4, 5),
+                                ignore_eos=True)
+    assert type(sp.max_tokens) is int and type(sp.temperature) is float and type(sp.stop_token_ids[0]) is int
+    # The whole seed range is one torch.Generator takes.
+    for seed in (SEED_MIN, SEED_MAX):
+        torch.Generator().manual_seed(SamplingParams(seed=seed).seed)
+
+
+def test_tiny_temperature_and_top_p_are_numerically_safe(tiny):
+    """Below vLLM's _SAMPLING_EPS a temperature is greedy; a top_p that rounds to 0 keeps the top token."""
+    prompts = [[5, 6, 7], [9, 1]]
+    greedy = [r.output_ids for r in LLMEngine(tiny).generate(prompts, SamplingParams(max_tokens=6))]
+    for sp in [SamplingParams(max_tokens=6, temperature=1e-9), SamplingParams(max_tokens=6, temperature=1e-300),
+               SamplingParams(max_tokens=6, temperature=1.0, top_p=1e-300, seed=0),
+               SamplingParams(max_tokens=6, temperature=1e-5, top_p=5e-324, seed=0)]:
+        assert [r.output_ids for r in LLMEngine(tiny).generate(prompts, sp)] == greedy, sp
+
+
+# ----- EngineConfig and LLMEngine(...) -----
+@pytest.mark.parametrize("kw, error, match", [
+    (dict(num_blocks=0), ValueError, r"num_blocks=0 must be an integer >= 1"),
+    (dict(num_blocks=True), TypeError, r"num_blocks=True must be an integer, not a bool"),
+    (dict(num_blocks=2.5), TypeError, r"num_blocks=2.5 must be an integer"),
+    (dict(block_size=-4), ValueError, r"block_size=-4 must be an integer >= 1"),
+    (dict(block_size="16"), TypeError, r"block_size='16' must be an integer"),
+    (dict(enable_prefix_caching="no"), TypeError, r"enable_prefix_caching='no' must be True or False"),
+    (dict(enable_prefix_caching=0), TypeError, r"enable_prefix_caching=0 must be True or False"),
+    (dict(step_log_size=-1), ValueError, r"step_log_size=-1 must be an integer >= 0"),
+    (dict(step_log_size=1e4), TypeError, r"step_log_size=10000.0 must be an integer"),
 ])
-def test_bad_engine_settings(kw, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_engine_settings(tiny, kw, error, match):
+    with pytest.raises(error, match=match):
         EngineConfig(**kw)
+    with pytest.raises(error, match=match):
+        LLMEngine(tiny, **kw)
 
 
-def test_bad_requests_are_refused_at_add_request(tiny):
+def test_engine_config_accepts_numpy_integers(tiny):
+    cfg = EngineConfig(num_blocks=np.int32(8), block_size=np.int64(4), step_log_size=np.uint8(3))
+    assert (cfg.num_blocks, cfg.block_size, cfg.step_log_size) == (8, 4, 3) and type(cfg.num_blocks) is int
+    assert LLMEngine(tiny, config=cfg).step_log.maxlen == 3
+
+
+def test_bad_engine_arguments(tiny):
+    with pytest.raises(TypeError, match=r"config must be an EngineConfig or None, got dict.*as keywords"):
+        LLMEngine(tiny, config={"num_blocks": 8})
+    with pytest.raises(TypeError, match=r"model must be a nano_engine Transformer.*got NoneType"):
+        LLMEngine(None)
+    with pytest.raises(TypeError, match=r"model must be a nano_engine Transformer.*got str"):
+        LLMEngine("HuggingFaceTB/SmolLM2-135M")
+    with pytest.raises(TypeError, match=r"the second argument is the tokenizer"):
+        LLMEngine(tiny, EngineConfig())
+    with pytest.raises(TypeError, match=r"unknown engine settings \['num_block'\]; allowed: .*num_blocks"):
+        LLMEngine(tiny, num_block=8)
+    with pytest.raises(ValueError, match="either config or keyword settings"):
+        LLMEngine(tiny, config=EngineConfig(), num_blocks=8)
+    with pytest.raises(TypeError, match="scheduler_cls must be a class"):
+        LLMEngine(tiny, scheduler_cls="fcfs")
+
+
+def test_kv_pool_larger_than_memory_is_refused_before_allocating(tiny, monkeypatch):
+    with pytest.raises(ValueError, match=r"KV cache of 1000000000 blocks .* needs 8,192,000,000,000 bytes "
+                                         r"\(7629.39 GiB\), more than 90% of the [0-9,]+ bytes .* available"):
+        LLMEngine(tiny, num_blocks=10**9)  # would be 8 TB: refused at once, nothing allocated
+    cfg = tiny.config  # float64, 2 layers, 2 KV heads of 8: 2 * 2 * 16 * 4 * 2 * 8 * 8 bytes
+    need = 2 * cfg.num_hidden_layers * 16 * 4 * cfg.num_key_value_heads * cfg.head_dim * 8
+    assert LLMEngine(tiny, num_blocks=16, block_size=4).runner.kv_cache.nbytes == need
+    monkeypatch.setattr(checks, "memory_available", lambda: math.ceil(need / 0.9))
+    LLMEngine(tiny, num_blocks=16, block_size=4)  # exactly at the limit: fine
+    monkeypatch.setattr(checks, "memory_available", lambda: need)
+    with pytest.raises(ValueError, match=rf"needs {need:,} bytes .* more than 90% of the {need:,} bytes"):
+        LLMEngine(tiny, num_blocks=16, block_size=4)
+
+
+# ----- add_request -----
+def test_bad_prompts_are_refused(tiny):
     engine = LLMEngine(tiny, num_blocks=4, block_size=4, max_num_batched_tokens=8)
-    with pytest.raises(ValueError, match="prompt_ids is empty"):
-        engine.add_request([])
-    with pytest.raises(ValueError, match=r"token id 64 is outside the vocabulary \[0, 64\)"):
-        engine.add_request([1, 64])
-    with pytest.raises(ValueError, match=r"token id -1 is outside"):
-        engine.add_request([-1])
+    for bad, error, match in [
+        ([], ValueError, "prompt_ids is empty"),
+        ([1, 64], ValueError, r"prompt_ids\[1\]=64 is outside the vocabulary \[0, 64\)"),
+        ([-1], ValueError, r"prompt_ids\[0\]=-1 is outside the vocabulary"),
+        ([1, 1.7], TypeError, r"prompt_ids\[1\]=1.7 must be an integer, got float"),
+        ([1, True], TypeError, r"prompt_ids\[1\]=True must be an integer, not a bool"),
+        (None, TypeError, r"prompt_ids must be a sequence of token ids .* got NoneType"),
+        (5, TypeError, r"prompt_ids must be a sequence of token ids .* got int"),
+        ("hello", TypeError, r"prompt_ids must be a sequence of token ids .* got str"),
+        (torch.tensor(5), TypeError, r"prompt_ids must be a 1-D integer tensor .* shape \(\)"),
+        (torch.tensor([1.0, 2.0]), TypeError, r"prompt_ids must be a 1-D integer tensor .* torch.float32"),
+        (torch.tensor([[1, 2], [3, 4]]), TypeError,
+         r"prompt_ids must be a 1-D integer tensor or array, got shape \(2, 2\)"),
+        (np.array([1.5, 2.0]), TypeError,
+         r"prompt_ids must be a 1-D integer tensor or array, got shape \(2,\) and dtype float64"),
+    ]:
+        with pytest.raises(error, match=match):
+            engine.add_request(bad)
     with pytest.raises(ValueError, match=r"can never fit: prompt 10 \+ max_tokens 8 needs 5 blocks "
                                          r"of 4 tokens, the pool has 4"):
         engine.add_request(list(range(1, 11)), SamplingParams(max_tokens=8))
-    with pytest.raises(ValueError, match="must be a SamplingParams"):
+    with pytest.raises(TypeError, match="sampling_params must be a SamplingParams or None, got dict"):
         engine.add_request([1], {"max_tokens": 3})
-    rid = engine.add_request([1, 2], SamplingParams(max_tokens=2), request_id="x")
-    with pytest.raises(ValueError, match="'x' is already in use"):
-        engine.add_request([3], request_id="x")
-    # Nothing was lost: the good request runs to completion.
+    assert not engine.requests and not engine.has_unfinished() and not engine.step_log
+
+
+def test_every_prompt_form_gives_the_same_tokens(tiny):
+    forms = [[3, 4, 5], (3, 4, 5), [np.int64(3), 4, torch.tensor(5)], np.array([3, 4, 5], dtype=np.int32),
+             torch.tensor([3, 4, 5]), torch.tensor([3, 4, 5], dtype=torch.int16), range(3, 6)]
+    outs = LLMEngine(tiny).generate(forms, SamplingParams(max_tokens=4))
+    assert all(r.prompt_ids == [3, 4, 5] and type(r.prompt_ids[0]) is int for r in outs)
+    assert len({tuple(r.output_ids) for r in outs}) == 1
+    batch = LLMEngine(tiny).generate(torch.tensor([[3, 4, 5], [3, 4, 5]]), SamplingParams(max_tokens=4))
+    assert [r.output_ids for r in batch] == [outs[0].output_ids] * 2
+
+
+def test_bad_priority_and_arrival_time(tiny):
+    engine = LLMEngine(tiny, policy="priority")
+    for kw, error, match in [
+        (dict(priority="high"), TypeError, r"priority='high' must be an integer, got str"),
+        (dict(priority=1.5), TypeError, r"priority=1.5 must be an integer"),
+        (dict(priority=None), TypeError, r"priority=None must be an integer"),
+        (dict(arrival_time="x"), TypeError, r"arrival_time='x' must be a real number, got str"),
+        (dict(arrival_time=float("nan")), ValueError, r"arrival_time=nan must be a finite number"),
+        (dict(arrival_time=True), TypeError, r"arrival_time=True must be a real number, got a bool"),
+    ]:
+        with pytest.raises(error, match=match):
+            engine.add_request([1, 2], **kw)
+    assert not engine.requests
+    a = engine.add_request([1, 2], SamplingParams(max_tokens=2), priority=np.int8(-1), arrival_time=np.float32(2.5))
+    assert engine.requests[a].priority == -1 and engine.requests[a].arrival_time == 2.5
     while engine.has_unfinished():
         engine.step()
-    assert len(engine.requests[rid].output_ids) == 2
+    assert engine.requests[a].finish_reason == "length"
+
+
+def test_request_ids(tiny):
+    engine = LLMEngine(tiny)
+    p, sp = [5, 6], SamplingParams(max_tokens=2)
+    assert engine.add_request(p, sp, request_id="1") == "1"
+    # Automatic ids skip the ones the caller chose.
+    done = engine.generate([p, p, p], sp)
+    assert [r.request_id for r in done] == ["0", "2", "3"]
+    assert engine.add_request(p, sp) == "4"
+    # Request ids are strings, as in vLLM: an int is refused everywhere, not silently converted.
+    with pytest.raises(TypeError, match=r"request_id=5 must be a str .* got int"):
+        engine.add_request(p, sp, request_id=5)
+    with pytest.raises(TypeError, match=r"request_id=5 must be a str"):
+        engine.abort(5)
+    with pytest.raises(ValueError, match=r"request_id='' must be a non-empty string"):
+        engine.add_request(p, sp, request_id="")
+    with pytest.raises(ValueError, match=r"request_id='4' is already in use \(unfinished\)"):
+        engine.add_request(p, sp, request_id="4")
+    with pytest.raises(ValueError, match=r"request '4' is waiting: abort\(\) it or run it to the end"):
+        engine.release("4")
+    # A finished request keeps its id until it is released; the old request is never replaced.
+    first = engine.requests["1"]
+    with pytest.raises(ValueError, match=r"request_id='1' is already in use \(finished but not released\)"):
+        engine.add_request([7], sp, request_id="1")
+    assert engine.release("1") is first and "1" not in engine.requests
+    with pytest.raises(KeyError, match=r"no request with id '1' \(released, or never added\)"):
+        engine.release("1")
+    assert engine.add_request([7], sp, request_id="1") == "1" and engine.requests["1"] is not first
+    engine.abort("1")
+    assert engine.release("1").finish_reason == "abort"
 
 
 def test_without_chunking_a_request_larger_than_the_budget_is_refused(tiny):
@@ -67,11 +222,32 @@ def test_request_longer_than_the_model_is_refused(tiny):
         engine.add_request([1] * 4000, SamplingParams(max_tokens=200))
 
 
+# ----- generate -----
 def test_generate_is_all_or_nothing(tiny):
     engine = LLMEngine(tiny, num_blocks=4, block_size=4)
-    with pytest.raises(ValueError, match="can never fit"):
+    with pytest.raises(ValueError, match=r"prompts\[1\]: |can never fit"):
         engine.generate([[1, 2], list(range(1, 30))], SamplingParams(max_tokens=2))
-    assert not engine.has_unfinished() and engine.block_pool.num_free == 4
+    with pytest.raises(TypeError, match=r"prompts\[1\]\[0\]=1.5 must be an integer"):
+        engine.generate([[1, 2], [1.5]], SamplingParams(max_tokens=2))
+    assert not engine.has_unfinished() and engine.block_pool.num_free == 4 and not engine.requests
+
+
+def test_bad_generate_arguments(tiny):
+    engine = LLMEngine(tiny)
+    with pytest.raises(TypeError, match=r"got a list of ints: for one prompt, pass \[prompt_ids\]"):
+        engine.generate([1, 2, 3])
+    with pytest.raises(TypeError, match=r"prompts must be a list of prompts .* got str"):
+        engine.generate("hello")
+    with pytest.raises(TypeError, match=r"prompts as a tensor must be 2-D"):
+        engine.generate(torch.tensor([1, 2, 3]))
+    with pytest.raises(TypeError, match=r"sampling_params must be a SamplingParams, a list of them"):
+        engine.generate([[1]], {"max_tokens": 2})
+    with pytest.raises(TypeError, match=r"sampling_params\[1\] must be a SamplingParams, got int"):
+        engine.generate([[1], [2]], [SamplingParams(), 3])
+    with pytest.raises(ValueError, match="1 sampling params for 2 prompts"):
+        engine.generate([[1], [2]], [SamplingParams()])
+    assert not engine.requests and not engine.step_log
+    assert engine.generate([], None) == []
 
 
 def test_abort_frees_everything(tiny):
@@ -82,7 +258,80 @@ def test_abort_frees_everything(tiny):
     assert engine.block_pool.num_free < 16
     engine.abort(a)
     engine.abort(b)
+    engine.abort(b)  # finished already: nothing happens
     assert engine.requests[a].finish_reason == "abort" and not engine.has_unfinished()
     assert engine.block_pool.num_free == 16 and not engine.requests[a].block_ids
     with pytest.raises(KeyError, match="no request with id 'zzz'"):
         engine.abort("zzz")
+
+
+def test_tiny_model_arguments():
+    for kw, error, match in [
+        (dict(seed="0"), TypeError, r"seed='0' must be an integer"),
+        (dict(seed=SEED_MAX + 1), ValueError, r"seed=.* must be an integer in"),
+        (dict(dtype="float64"), TypeError, r"dtype='float64' must be a floating-point torch.dtype"),
+        (dict(dtype=torch.int64), TypeError, r"dtype=torch.int64 must be a floating-point torch.dtype"),
+        (dict(vocab_size=0), ValueError, r"vocab_size=0 must be an integer >= 2"),
+        (dict(num_layers=True), TypeError, r"num_layers=True must be an integer, not a bool"),
+        (dict(qk_norm="yes"), TypeError, r"qk_norm='yes' must be True or False"),
+        (dict(eos_token_id=64), ValueError, r"eos_token_id=64 must be an integer in \[0, 63\]"),
+    ]:
+        with pytest.raises(error, match=match):
+            tiny_model(**kw)
+    assert tiny_model(seed=np.int64(3), num_layers=1, vocab_size=16).config.num_hidden_layers == 1
+
+
+# ----- a step that raises -----
+@pytest.mark.parametrize("where", ["model", "sampling", "scheduler"])
+def test_a_failing_step_poisons_nothing(tiny, monkeypatch, where):
+    prompts = [list(range(1, 9)), [3, 4, 5], list(range(10, 30))]
+    sp = SamplingParams(max_tokens=5, ignore_eos=True)
+    expected = [r.output_ids for r in LLMEngine(tiny).generate(prompts, sp)]
+    engine = LLMEngine(tiny, num_blocks=16, block_size=4, max_num_batched_tokens=16)
+    calls = {"n": 0}
+
+    def fault(real):
+        def wrapped(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == 3:  # the third step: requests prefilling, decoding and holding blocks
+                raise RuntimeError(f"injected fault in the {where}")
+            return real(*args, **kwargs)
+        return wrapped
+
+    if where == "model":
+        monkeypatch.setattr(engine.runner, "forward", fault(engine.runner.forward))
+    elif where == "sampling":
+        monkeypatch.setattr("nano_engine.engine.sample", fault(sampling.sample))
+    else:
+        monkeypatch.setattr(engine.scheduler, "schedule", fault(engine.scheduler.schedule))
+    keep = engine.add_request([7, 7, 7], sp, request_id="kept")  # not generate()'s: survives unless in the step
+    with pytest.raises(RuntimeError, match=f"injected fault in the {where}"):
+        engine.generate(prompts, sp)
+    rec = engine.step_log[-1]
+    assert rec.error == f"RuntimeError: injected fault in the {where}" and engine.stats.num_errors == 1
+    # generate() aborted and released its requests; the one of the failed step that was not
+    # generate()'s finished with "error" and is kept for the caller to see.
+    assert set(engine.requests) == {keep} and set(rec.finished) >= {keep}
+    assert engine.requests[keep].finish_reason == "error" and not engine.requests[keep].block_ids
+    assert not engine.has_unfinished() and engine.block_pool.num_free == 16
+    engine.block_pool.check()
+    # The next call works and gives the same tokens as a fresh engine.
+    assert [r.output_ids for r in engine.generate(prompts, sp)] == expected
+    assert engine.block_pool.num_free == 16
+
+
+def test_a_failing_step_finishes_only_its_own_requests(tiny, monkeypatch):
+    engine = LLMEngine(tiny, max_num_seqs=1)
+    a = engine.add_request([1, 2, 3], SamplingParams(max_tokens=3))
+    b = engine.add_request([4, 5, 6], SamplingParams(max_tokens=3))
+    real = engine.runner.forward
+    monkeypatch.setattr(engine.runner, "forward", lambda batch: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        engine.step()
+    assert engine.requests[a].finish_reason == "error" and engine.step_log[-1].finished == [a]
+    assert not engine.requests[b].is_finished  # it was waiting, untouched: it runs on
+    monkeypatch.setattr(engine.runner, "forward", real)
+    while engine.has_unfinished():
+        engine.step()
+    alone = LLMEngine(tiny).generate([[4, 5, 6]], SamplingParams(max_tokens=3))[0]
+    assert engine.requests[b].output_ids == alone.output_ids

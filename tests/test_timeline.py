@@ -1,11 +1,15 @@
 """Timelines: the figure data from a step log, the colours per state, the widget's switches."""
 
+import random
+
 import matplotlib
+import pytest
 
 matplotlib.use("Agg")
 
 from nano_engine import LLMEngine, SamplingParams  # noqa: E402
 from nano_engine.experiments import run_arrivals  # noqa: E402
+from nano_engine.steplog import queue_states  # noqa: E402
 from nano_engine.timeline import (METHODS, STATE_COLORS, TimelineWidget, compare_figure,  # noqa: E402
                                   plot_timeline, state_counts, timeline)
 
@@ -31,7 +35,7 @@ def test_states_follow_the_step_log(tiny):
     for s, rec in enumerate(log):
         for rid, n, kind in rec.scheduled:
             assert tl.states[tl.request_ids.index(rid)][s] == kind
-        for rid in rec.waiting_ids:
+        for rid in queue_states(log)[s].waiting:
             assert tl.states[tl.request_ids.index(rid)][s] == "waiting"
     counts = state_counts(tl)
     assert counts["decode"] == sum(n for rec in log for _, n, k in rec.scheduled if k == "decode")
@@ -92,3 +96,36 @@ def test_widget_switches_method_and_budget(tiny):
     tw.budget.value = 16
     assert tw.summary.value == first and len(calls) == 4  # the first run came from the cache
     assert bytes(tw.image.value) == first_png  # the same run draws the same figure
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority", "conservative", "static"])
+def test_queues_replayed_from_the_log_are_the_schedulers(tiny, policy):
+    """The records hold events only; replaying them gives the real queues, in order, at every step:
+    arrivals over time, chunked prefills, preemptions under a tight pool, aborts between steps."""
+    rng = random.Random(policy)
+    engine = LLMEngine(tiny, policy=policy, num_blocks=9, block_size=4, max_num_batched_tokens=32,
+                       max_num_seqs=4)
+    actual, ids = [], []
+    for step in range(1000):
+        for _ in range(rng.choice([0] * 6 + [1, 3]) if step < 100 else 0):
+            prompt = [rng.randrange(1, 64) for _ in range(rng.randrange(1, 14))]
+            ids.append(engine.add_request(prompt, SamplingParams(max_tokens=rng.randrange(1, 20), ignore_eos=True),
+                                          priority=rng.randrange(3)))
+        if ids and rng.random() < 0.1:
+            engine.abort(rng.choice(ids))  # waiting, running or finished already
+        if step > 100 and not engine.has_unfinished():
+            break
+        before = len(engine.step_log)
+        engine.step()
+        if len(engine.step_log) > before:
+            actual.append(([r.request_id for r in engine.scheduler.waiting],
+                           [r.request_id for r in engine.scheduler.running]))
+    for _ in range(3):
+        engine.step()  # idle steps are counted, not recorded
+    log = list(engine.step_log)
+    assert sum(len(r.preempted) for r in log) >= {"static": 0, "conservative": 1}.get(policy, 3)
+    assert sum(len(r.aborted) for r in log) >= 3
+    assert engine.stats.steps >= len(log) + 3 and len(log) == len(actual)
+    replayed = [(q.waiting, q.running) for q in queue_states(log)]
+    assert replayed == actual
+    assert [(len(w), len(r)) for w, r in actual] == [(rec.num_waiting, rec.num_running) for rec in log]
