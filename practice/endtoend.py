@@ -16,10 +16,23 @@ from .scenarios import problem
 from .worker import Mismatch
 
 
+def recording(scheduler_cls):
+    """The scheduler, keeping its last output in `.last`: what a step did, whatever the engine logs."""
+
+    class Recording(scheduler_cls):
+        last = None
+
+        def schedule(self):
+            self.last = super().schedule()
+            return self.last
+
+    return Recording
+
+
 def _checked(scheduler_cls):
     """The learner's scheduler, with every step's output checked before the model runs it."""
 
-    class Checked(scheduler_cls):
+    class Checked(recording(scheduler_cls)):
         steps = 0
 
         def schedule(self):
@@ -34,26 +47,29 @@ def _checked(scheduler_cls):
 
 
 def _run(scheduler_cls, model, prompts, workload, settings: dict, max_steps: int):
+    """Run the workload; returns the engine and the requests (held here: the engine may release them)."""
     engine = LLMEngine(model, scheduler_cls=_checked(scheduler_cls), **settings)
-    ids = [engine.add_request(p, SamplingParams(max_tokens=m, ignore_eos=True), request_id=f"r{i}", priority=prio)
-           for i, (p, (_, m, prio)) in enumerate(zip(prompts, workload))]
-    budget = engine.config.max_num_batched_tokens
+    reqs = []
+    for i, (p, (_, m, prio)) in enumerate(zip(prompts, workload)):
+        rid = engine.add_request(p, SamplingParams(max_tokens=m, ignore_eos=True), request_id=f"r{i}", priority=prio)
+        reqs.append(engine.requests[rid])
+    budget, s = engine.config.max_num_batched_tokens, engine.scheduler
     while engine.has_unfinished():
-        if len(engine.step_log) >= max_steps:
+        step = engine.stats.steps
+        if step >= max_steps:
             raise Mismatch(f"requests were still unfinished after {max_steps} steps",
                            "hint: every step must move some request forward while requests wait")
         engine.step()
-        rec = engine.step_log[-1]
-        if not rec.scheduled:
-            raise Mismatch(f"step {rec.step} scheduled nothing while {rec.num_waiting} requests waited "
-                           f"and {rec.num_running} ran: the engine would spin forever",
+        tokens = sum(c.n for c in s.last.chunks)
+        if not s.last.chunks:
+            raise Mismatch(f"step {step} scheduled nothing while {len(s.waiting)} requests waited "
+                           f"and {len(s.running)} ran: the engine would spin forever",
                            "hint: when nothing runs the whole pool is free, so the head of the waiting queue "
                            "can always be admitted")
-        if rec.num_tokens > budget:
-            raise Mismatch(f"step {rec.step} scheduled {rec.num_tokens} tokens, above "
-                           f"max_num_batched_tokens={budget}",
+        if tokens > budget:
+            raise Mismatch(f"step {step} scheduled {tokens} tokens, above max_num_batched_tokens={budget}",
                            "hint: total tokens exceeded max_num_batched_tokens")
-    return engine, ids
+    return engine, reqs
 
 
 def check_end_to_end(scheduler_cls, reference_cls, settings: dict, workload: list[tuple[int, int, int]],
@@ -64,10 +80,10 @@ def check_end_to_end(scheduler_cls, reference_cls, settings: dict, workload: lis
     prompts = [[rng.randrange(1, model.config.vocab_size) for _ in range(n)] for n, _, _ in workload]
     ref, _ = _run(reference_cls, model, prompts, workload, settings, max_steps=10_000)
     assert ref.stats.preemptions > 0 or not expect_preemption, "this case should force a preemption"
-    engine, ids = _run(scheduler_cls, model, prompts, workload, settings, max_steps=3 * ref.stats.steps + 20)
+    engine, reqs = _run(scheduler_cls, model, prompts, workload, settings, max_steps=3 * ref.stats.steps + 20)
     setting = ", ".join(f"{k}={v}" for k, v in settings.items())
-    for rid, p, (_, m, _) in zip(ids, prompts, workload):
-        want, got = generate(model, p, m), engine.requests[rid].output_ids
+    for req, p, (_, m, _) in zip(reqs, prompts, workload):
+        rid, want, got = req.request_id, generate(model, p, m), req.output_ids
         if got != want:
             at = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
             raise Mismatch(

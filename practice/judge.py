@@ -187,11 +187,13 @@ def _time_limit(timeout: float, dump: str, solution: str | None) -> list[str]:
 
 
 def grade(number: int, solution: str | Path | None = None, reference: bool = False,
-          timeout: float = DEFAULT_TIMEOUT, only: list[str] | str | None = None, echo: bool = False) -> Result:
+          timeout: float = DEFAULT_TIMEOUT, only: list[str] | str | None = None, echo: bool = False,
+          exitfirst: bool = False) -> Result:
     """Grade exercise `number`: the learner's file (its solution.py, or `solution`), or the reference.
 
-    `only` keeps the cases whose name contains one of these strings. With echo, each line is
-    printed as soon as it is known (the terminal); otherwise the Result shows it (a notebook).
+    `only` keeps the cases whose name contains one of these strings; `exitfirst` stops at the first
+    case that does not pass. With echo, each line is printed as soon as it is known (the terminal);
+    otherwise the Result shows it (a notebook).
     """
     check_dependencies()
     found = exercises()
@@ -226,12 +228,16 @@ def grade(number: int, solution: str | Path | None = None, reference: bool = Fal
         for line in result.body():
             emit(line)
     else:
-        for i in chosen:
+        for k, i in enumerate(chosen):
             verdict = _run_child(ctx, folder, path, i, timeout)
             case = CaseResult(names[i], verdict["status"], verdict["lines"])
             result.cases.append(case)
             for line in case.format():
                 emit(line)
+            if exitfirst and case.status != "pass" and k + 1 < len(chosen):
+                result.stopped = len(chosen) - k - 1
+                emit(result.stopped_line())
+                break
     emit(result.summary())
     return result
 
@@ -245,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                    help=f"time limit per case (default {DEFAULT_TIMEOUT:g})")
     p.add_argument("-k", dest="only", action="append", metavar="TEXT", help="only the cases whose name contains TEXT")
+    p.add_argument("-x", "--exitfirst", action="store_true", help="stop at the first case that does not pass")
     args = p.parse_args(argv)
     if args.list:
         print(listing())
@@ -253,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"judge: give an exercise number.\n{listing()}", file=sys.stderr)
         return 2
     try:
-        result = grade(args.number, args.solution, args.reference, args.timeout, args.only, echo=True)
+        result = grade(args.number, args.solution, args.reference, args.timeout, args.only, echo=True,
+                       exitfirst=args.exitfirst)
     except JudgeError as e:
         print(f"judge: {e}", file=sys.stderr)
         return 2

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import random
 
-from nano_engine import LLMEngine, SamplingParams, generate
+from nano_engine import LLMEngine, SamplingParams, Scheduler, generate
 from nano_engine.paged import BlockPool, block_hashes
 from nano_engine.tiny import tiny_model
 
+from .endtoend import recording
 from .worker import Mismatch
 
 HASH_BLOCK = 2  # tokens per block in scripts' cache(...) and hashes(...)
@@ -144,29 +145,34 @@ def _hint(op: str, kind: str, before: dict, want_err, got_err, pool) -> str:
 # ----- end to end -----
 
 def _run(pool_cls, model, prompts, workload, settings, max_steps):
-    engine = LLMEngine(model, **settings)
+    """Run the workload; returns the engine, its requests by id and each step's (scheduled, preempted, free)."""
+    engine = LLMEngine(model, scheduler_cls=recording(Scheduler), **settings)
     engine.block_pool = pool_cls(engine.config.num_blocks, engine.config.enable_prefix_caching)
     engine.scheduler.pool = engine.block_pool  # the scheduler allocates, frees and touches; the engine caches
     pending = sorted(range(len(workload)), key=lambda i: workload[i][2])
+    reqs, trace = {}, []
     while pending or engine.has_unfinished():
-        while pending and workload[pending[0]][2] <= len(engine.step_log):
+        while pending and workload[pending[0]][2] <= engine.stats.steps:
             i = pending.pop(0)
-            engine.add_request(prompts[i], SamplingParams(max_tokens=workload[i][1], ignore_eos=True),
-                               request_id=f"r{i}")
-        if len(engine.step_log) >= max_steps:
+            rid = engine.add_request(prompts[i], SamplingParams(max_tokens=workload[i][1], ignore_eos=True),
+                                     request_id=f"r{i}")
+            reqs[rid] = engine.requests[rid]
+        if engine.stats.steps >= max_steps:
             raise Mismatch(f"requests were still unfinished after {max_steps} steps",
                            "  expected every request to finish, as with nano_engine's pool",
                            "hint: num_free must count the free queue, and free must put blocks back")
         engine.step()
-    return engine
+        out = engine.scheduler.last
+        trace.append(([(c.request.request_id, c.n, c.kind) for c in out.chunks],
+                      [r.request_id for r in out.preempted], engine.block_pool.num_free))
+    return engine, reqs, trace
 
 
-def _first_difference(ref, engine) -> list[str]:
-    for a, b in zip(ref.step_log, engine.step_log):
-        if (a.scheduled, a.preempted, a.num_free_blocks) != (b.scheduled, b.preempted, b.num_free_blocks):
-            return [f"step {a.step}: expected {a.scheduled}, preempted {a.preempted}, {a.num_free_blocks} free blocks",
-                    f"{' ' * len(str(a.step))}       got      {b.scheduled}, preempted {b.preempted}, "
-                    f"{b.num_free_blocks} free blocks"]
+def _first_difference(ref_trace, trace) -> list[str]:
+    for step, (a, b) in enumerate(zip(ref_trace, trace)):
+        if a != b:
+            return [f"step {step}: expected {a[0]}, preempted {a[1]}, {a[2]} free blocks",
+                    f"{' ' * len(str(step))}       got      {b[0]}, preempted {b[1]}, {b[2]} free blocks"]
     return []
 
 
@@ -177,17 +183,17 @@ def check_engine(pool_cls, ref_cls, settings: dict, workload, seed: int = 0, sha
     common = [rng.randrange(1, model.config.vocab_size) for _ in range(shared_prefix)]
     prompts = [common + [rng.randrange(1, model.config.vocab_size) for _ in range(n - shared_prefix)]
                for n, _, _ in workload]
-    ref = _run(ref_cls, model, prompts, workload, settings, max_steps=10_000)
-    hits = {rid: r.num_cached_tokens for rid, r in ref.requests.items()}
+    ref, ref_reqs, ref_trace = _run(ref_cls, model, prompts, workload, settings, max_steps=10_000)
+    hits = {rid: r.num_cached_tokens for rid, r in ref_reqs.items()}
     assert ref.stats.preemptions > 0 and (any(hits.values()) or not shared_prefix), "the case should preempt and hit"
-    engine = _run(pool_cls, model, prompts, workload, settings, max_steps=3 * ref.stats.steps + 20)
+    engine, reqs, trace = _run(pool_cls, model, prompts, workload, settings, max_steps=3 * ref.stats.steps + 20)
     setting = ", ".join(f"{k}={v}" for k, v in settings.items())
     head = f"the engine({setting}) with your pool, {len(workload)} requests" + (
         f" sharing a {shared_prefix}-token prefix" if shared_prefix else "")
-    diff = _first_difference(ref, engine)
+    diff = _first_difference(ref_trace, trace)
     where = ["the first step that differs from the run with nano_engine's pool:", *diff] if diff else []
     for i, (p, (_, m, _)) in enumerate(zip(prompts, workload)):
-        want, got = generate(model, p, m), engine.requests[f"r{i}"].output_ids
+        want, got = generate(model, p, m), reqs[f"r{i}"].output_ids
         if got != want:
             raise Mismatch(f"{head}: request r{i} differs from generating it alone",
                            f"  expected  {want}", f"  got       {got}",
@@ -198,7 +204,7 @@ def check_engine(pool_cls, ref_cls, settings: dict, workload, seed: int = 0, sha
         raise Mismatch(f"{head}: outputs are right, but the run differs from the one with nano_engine's pool", *diff,
                        "hint: the scheduler's decisions depend on num_free and on which freed blocks keep their "
                        "prefix: the scripted cases above show which operation differs")
-    got_hits = {rid: r.num_cached_tokens for rid, r in engine.requests.items()}
+    got_hits = {rid: r.num_cached_tokens for rid, r in reqs.items()}
     if got_hits != hits:
         raise Mismatch(f"{head}: prefix-cache hits (tokens) differ", f"  expected  {hits}", f"  got       {got_hits}",
                        "hint: freed blocks join the END of the free queue, a request's tail first, so shared head "

@@ -45,6 +45,7 @@ class Result:
     header: str
     cases: list[CaseResult]
     load_error: CaseResult | None = None  # a file that does not load: reported once, no case runs
+    stopped: int = 0  # cases left out after the first failure (exitfirst)
 
     @property
     def preface(self) -> list[str]:
@@ -69,10 +70,13 @@ class Result:
         """The one line that stands for every case when the file did not load."""
         return f"NOT RUN  all {len(self.cases)} cases: fix the error above, then grade again"
 
+    def stopped_line(self) -> str:
+        return f"stopped at the first failure: {self.stopped} more case(s) not run"
+
     def body(self) -> list[str]:
         if self.preface:
             return [*self.preface, self.not_run()]
-        return [line for c in self.cases for line in c.format()]
+        return [line for c in self.cases for line in c.format()] + ([self.stopped_line()] if self.stopped else [])
 
     def report(self) -> str:
         return "\n".join([self.header, *self.body(), self.summary()])
@@ -89,6 +93,8 @@ class Result:
                                                            ["fix the error above, then grade again"]))]
         else:
             rows = [_row(c) for c in self.cases]
+            if self.stopped:
+                rows.append(_row(CaseResult(f"{self.stopped} more case(s)", "not run", ["stopped at the first failure"])))
         colour = _BADGES["pass" if self.ok else "fail"][1]
         head = "".join(f'<th style="{_CELL}">{h}</th>' for h in ("case", "verdict", "expected vs got", "hint"))
         return (f'<div class="nano-engine-judge"><p style="text-align:left"><b>{html.escape(self.header)}</b></p>'

@@ -6,14 +6,20 @@ scheduler's settings. `play` runs it the way the engine does after each forward 
 reaches a request's last token samples one token; a request stops at max_tokens), with prefix
 caching off, so that the trace depends on the scheduling decisions alone. `check_scenario` finds
 the first step that differs; practice/hints.py names the kind of mistake in one sentence.
+
+A step compares everything the statements specify: the chunks (request, tokens, kind), the
+preempted requests, the queues, the free blocks and each request's own state (status,
+num_computed, blocks held, num_preemptions, recompute_until). practice/randomized.py draws many
+such scenarios at random, so that a solution right only at the scripted settings fails.
 """
 
 from __future__ import annotations
 
+import functools
 import textwrap
 from dataclasses import dataclass, field
 
-from nano_engine import BlockPool, Request, SamplingParams, SchedulerConfig
+from nano_engine import BlockPool, Request, RequestStatus, SamplingParams, SchedulerConfig
 
 from .hints import explain, show
 from .worker import Mismatch
@@ -26,6 +32,10 @@ class Arrival:
     max_tokens: int = 4
     step: int = 0  # added just before this step's schedule()
     priority: int = 0
+    arrival_time: float | None = None  # the request's arrival_time; None: its arrival order (seq)
+
+    def time(self, seq: int) -> float:
+        return float(seq) if self.arrival_time is None else self.arrival_time
 
 
 @dataclass
@@ -34,18 +44,19 @@ class Scenario:
     num_blocks: int = 64
     block_size: int = 4
     settings: dict = field(default_factory=dict)  # SchedulerConfig fields
+    label: str = ""  # a first line for the report (which random scenario)
 
-    @property
-    def config(self) -> SchedulerConfig:
+    @functools.cached_property
+    def config(self) -> SchedulerConfig:  # settings do not change once a scenario is made
         return SchedulerConfig(**self.settings)
 
     def arrival(self, rid: str) -> tuple[int, Arrival]:
         return next((i, a) for i, a in enumerate(self.arrivals) if a.rid == rid)
 
-    def key(self, rid: str, step: int) -> tuple[float, int]:
-        """The priority policy's key at this step: (priority - aging x steps waited, arrival)."""
+    def key(self, rid: str, step: int) -> tuple[float, float, int]:
+        """The priority policy's key at this step: (priority - aging x steps waited, arrival_time, seq)."""
         seq, a = self.arrival(rid)
-        return (a.priority - self.config.priority_aging * (step - a.step), seq)
+        return (a.priority - self.config.priority_aging * (step - a.step), a.time(seq), seq)
 
     def describe(self) -> list[str]:
         c, prio = self.config, self.config.policy == "priority"
@@ -55,8 +66,11 @@ class Scenario:
         head += f", priority_aging {c.priority_aging:g}" if prio else ""
         reqs = "; ".join(f"{a.rid}: prompt {a.prompt_len}, max_tokens {a.max_tokens}"
                          + (f", arrives at step {a.step}" if a.step else "")
-                         + (f", priority {a.priority}" if prio else "") for a in self.arrivals)
-        return [head] + textwrap.wrap("requests: " + reqs, 100, subsequent_indent="  ")
+                         + (f", priority {a.priority}" if prio else "")
+                         + (f", arrival_time {a.arrival_time:g}" if a.arrival_time is not None else "")
+                         for a in self.arrivals)
+        return ([self.label] if self.label else []) + [head] + textwrap.wrap("requests: " + reqs, 100,
+                                                                             subsequent_indent="  ")
 
 
 @dataclass
@@ -71,18 +85,33 @@ class Step:
     running: list[str] = field(default_factory=list)  # after scheduling
     waiting: list[str] = field(default_factory=list)
     free: int = 0  # free KV blocks after scheduling
+    states: dict[str, tuple] = field(default_factory=dict)  # request -> hints.STATE_FIELDS, after scheduling
     problem: str | None = None  # an impossible decision; the play stops there
 
 
-def play(scheduler_cls, sc: Scenario, max_steps: int = 200) -> list[Step]:
+def state(req) -> tuple:
+    status = req.status.name if isinstance(req.status, RequestStatus) else repr(req.status)
+    return (status, req.num_computed, len(req.block_ids), req.num_preemptions, req.recompute_until)
+
+
+_TOKENS = [1 + i % 50 for i in range(2100)]  # prompts are slices of it: any tokens do without a model
+
+
+def make_request(a: Arrival, seq: int) -> Request:
+    start = 7 * seq % 50
+    prompt = _TOKENS[start:start + a.prompt_len] if a.prompt_len <= 2050 else [1] * a.prompt_len
+    return Request(a.rid, prompt, SamplingParams(max_tokens=a.max_tokens), arrival_time=a.time(seq),
+                   priority=a.priority, seq=seq)
+
+
+def play(scheduler_cls, sc: Scenario, max_steps: int = 1000) -> list[Step]:
     s = scheduler_cls(sc.config, BlockPool(sc.num_blocks, enable_prefix_caching=False), sc.block_size)
-    last_arrival, steps = max(a.step for a in sc.arrivals), []
+    last_arrival, steps, added = max(a.step for a in sc.arrivals), [], []
     for t in range(max_steps):
         for seq, a in enumerate(sc.arrivals):
             if a.step == t:
-                prompt = [1 + (7 * seq + i) % 50 for i in range(a.prompt_len)]
-                s.add_request(Request(a.rid, prompt, SamplingParams(max_tokens=a.max_tokens),
-                                      arrival_time=float(seq), priority=a.priority, seq=seq))
+                added.append(make_request(a, seq))
+                s.add_request(added[-1])
         if t > last_arrival and not s.has_unfinished():
             break
         step = Step(t, f"running {_queue(s.running)}; waiting {_queue(s.waiting)}; {s.pool.num_free} free blocks",
@@ -90,6 +119,7 @@ def play(scheduler_cls, sc: Scenario, max_steps: int = 200) -> list[Step]:
                     {r.request_id: r.num_behind for r in [*s.running, *s.waiting]})
         out = s.schedule()
         step.problem = _record(s, out, step)
+        step.states = {r.request_id: state(r) for r in added}
         steps.append(step)
         if step.problem:
             break
@@ -132,6 +162,9 @@ def problem(s, out) -> str | None:
         if req not in s.running:
             return (f"{rid} was scheduled but is not in the running queue (admitted requests move to running; "
                     "preempted ones lose their chunk)")
+        if req.status is not RequestStatus.RUNNING:
+            return (f"{rid} was scheduled but its status is {getattr(req.status, 'name', req.status)}: an admitted "
+                    "request's status is RequestStatus.RUNNING")
         if c.n < 1:
             return f"{rid} was scheduled {c.n} tokens: schedule only requests that get at least one token"
         if c.start != req.num_computed:
@@ -154,6 +187,9 @@ def problem(s, out) -> str | None:
         if r not in s.waiting:
             return (f"{r.request_id!r} was preempted but is not in the waiting queue: preempt puts it back at "
                     "the FRONT of the waiting queue")
+        if r.status is not RequestStatus.WAITING:
+            return (f"{r.request_id!r} was preempted but its status is {getattr(r.status, 'name', r.status)}: "
+                    "preempt must set req.status = RequestStatus.WAITING")
     return None
 
 
@@ -165,7 +201,7 @@ def check_scenario(scheduler_cls, reference_cls, sc: Scenario) -> None:
     for e, g in zip(expected, got):
         hint = explain(sc, e, g)
         if hint:
-            raise Mismatch(*sc.describe(), *show(e, g), "hint: " + hint)
+            raise Mismatch(*sc.describe(), *show(sc, e, g), "hint: " + hint)
     if len(got) != len(expected):
         more = len(got) > len(expected)
         raise Mismatch(*sc.describe(), f"the reference finished every request in {len(expected)} steps; "

@@ -30,8 +30,26 @@ def reference():
     return SimpleNamespace(apply_rope=ref.apply_rope, attention=ref.attention)
 
 
+RTOL, ATOL = 1e-7, 1e-9  # float64 inputs: a float64 computation is far closer than this, a float32 one is not
+
+
 def _close(got, want) -> bool:
-    return got.shape == want.shape and torch.allclose(got.to(want.dtype), want, rtol=1e-7, atol=1e-9)
+    return got.shape == want.shape and torch.allclose(got.to(want.dtype), want, rtol=RTOL, atol=ATOL)
+
+
+def _difference(got, want) -> tuple[list[str], str | None]:
+    """The largest difference and the tolerance, printed in full (4 decimals can hide it), and a hint
+    if the result is right only to float32 precision."""
+    diff = (got - want).abs().nan_to_num(float("inf"))
+    at = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))
+    lines = [f"  largest difference {diff[at].item():.3g} at index {list(at)}: expected {want[at].item():.17g}, "
+             f"got {got[at].item():.17g}", f"  tolerance: |got - expected| <= {ATOL:g} + {RTOL:g} x |expected|"]
+    hint = None
+    if torch.allclose(got, want, rtol=1e-4, atol=1e-6):
+        hint = (f"your result is right only to float32 precision: keep the input dtype ({want.dtype}) through "
+                "the whole computation: no .float(), no tensors made with dtype=torch.float32, and masks, "
+                "scales and softmax in the inputs' dtype")
+    return lines, hint
 
 
 def _row(t: torch.Tensor) -> str:
@@ -86,10 +104,11 @@ def _check_rope(api, T, nh, hd, positions, seed):
                           "as cos[:, None, :]")
     if _close(got, want):
         return
-    t, h = (torch.nonzero(~torch.isclose(got, want, rtol=1e-7, atol=1e-9))[0, :2].tolist())
+    t, h = (torch.nonzero(~torch.isclose(got, want, rtol=RTOL, atol=ATOL))[0, :2].tolist())
+    difference, precision = _difference(got, want)
     lines = [call, f"  token {t} (position {positions[t]}), head {h}:",
-             f"  expected {_row(want[t, h])}", f"  got      {_row(got[t, h])}"]
-    hint = next((h for alt, h in _rope_mistakes(x, cos, sin) if _close(got, alt)), None)
+             f"  expected {_row(want[t, h])}", f"  got      {_row(got[t, h])}", *difference]
+    hint = next((h for alt, h in _rope_mistakes(x, cos, sin) if _close(got, alt)), precision)
     if hint is None and all(p == 0 for p in positions):
         hint = "at position 0 every angle is 0 (cos 1, sin 0): the rotation must give x back unchanged"
     if hint is None and not torch.allclose(got.norm(dim=-1), x.norm(dim=-1)):
@@ -150,10 +169,11 @@ def _check_attention(api, T, c, nh, nkv, hd, seed):
                           "even though k and v have nkv heads")
     if _close(got, want):
         return
-    t, h = (torch.nonzero(~torch.isclose(got, want, rtol=1e-7, atol=1e-9))[0, :2].tolist())
+    t, h = (torch.nonzero(~torch.isclose(got, want, rtol=RTOL, atol=ATOL))[0, :2].tolist())
+    difference, precision = _difference(got, want)
     lines = [call, f"  query {t} (position {c + t}), head {h}:",
-             f"  expected {_row(want[t, h])}", f"  got      {_row(got[t, h])}"]
-    hint = next((h for alt, h in _attention_mistakes(q, k, v, c) if _close(got, alt)), None)
+             f"  expected {_row(want[t, h])}", f"  got      {_row(got[t, h])}", *difference]
+    hint = next((h for alt, h in _attention_mistakes(q, k, v, c) if _close(got, alt)), precision)
     if hint is None and got.isnan().any():
         hint = ("NaN: a query whose every score is masked has nothing to attend to; query i sees keys "
                 "0..num_cached + i, itself included")

@@ -1,7 +1,8 @@
 """Cases of exercise 129: the learner's Scheduler against nano_engine's, decision by decision.
 
 Scripted scenarios first (who gets how many tokens at each step, whom a step preempts, when
-admission stops), then end-to-end runs of the real engine on a tiny model, whose outputs must
+admission stops, each request's state), then 300 random scenarios over every setting the engine
+accepts (practice/randomized.py), then end-to-end runs of the real engine on a tiny model, whose outputs must
 equal single-request generation. Prefix caching is off everywhere: it is the next chapter's job.
 """
 
@@ -9,6 +10,7 @@ import random
 
 import nano_engine.scheduler as ref
 from practice.endtoend import check_end_to_end
+from practice.randomized import check_random
 from practice.scenarios import Arrival as A
 from practice.scenarios import Scenario, check_scenario
 from practice.worker import Case, Mismatch
@@ -30,6 +32,10 @@ def reference():
 def scripted(name, **scenario):
     sc = Scenario(**scenario)
     return Case(name, lambda cls: check_scenario(cls, ref.Scheduler, sc))
+
+
+def randomized(name, seed, **kinds):
+    return Case(name, lambda cls: check_random(cls, ref.Scheduler, seed, 100, **kinds))
 
 
 def end_to_end(name, settings, workload, **kw):
@@ -79,6 +85,9 @@ CASES = [
              num_blocks=4, settings=dict(max_num_batched_tokens=8)),
     scripted("mixed_workload_tight_pool", arrivals=_mixed(), num_blocks=8,
              settings=dict(max_num_batched_tokens=10, max_num_seqs=4)),
+    randomized("random_scenarios_chunked_prefill", 1291, chunked=True),
+    randomized("random_scenarios_without_chunking", 1292, chunked=False),
+    randomized("random_scenarios_tightest_pool", 1293, tight=True),
     end_to_end("end_to_end_defaults", {}, SIX),
     end_to_end("end_to_end_small_budget_chunks", {"max_num_batched_tokens": 8}, SIX, seed=1),
     end_to_end("end_to_end_tight_pool_preempts", {"max_num_batched_tokens": 16, "num_blocks": 12, "block_size": 4},

@@ -1,15 +1,16 @@
 """Cases of exercise 131: the learner's formulas against what the real engine does.
 
-Every expected answer is measured at grading time from the engine's own step log (a tiny model,
-so each run takes milliseconds), never taken from a formula of the judge's. `reference()` holds
+Every expected answer is measured at grading time from what the engine's scheduler did at each
+step (a tiny model, so each run takes milliseconds), never taken from a formula of the judge's. `reference()` holds
 the model answers that `--reference` grades (the package has no such functions: see README.md).
 """
 
 import math
 from types import SimpleNamespace
 
-from nano_engine import LLMEngine, SamplingParams
+from nano_engine import LLMEngine, SamplingParams, Scheduler
 from nano_engine.tiny import tiny_model
+from practice.endtoend import recording
 from practice.worker import Case, Mismatch
 
 MODEL = tiny_model(0)
@@ -36,25 +37,31 @@ def reference():
 
 def _engine(seqs, budget, num_requests, max_tokens):
     """The workload: 1-token prompts, max_tokens new tokens each, all queued before the first step."""
-    engine = LLMEngine(MODEL, max_num_seqs=seqs, max_num_batched_tokens=budget, enable_prefix_caching=False)
+    engine = LLMEngine(MODEL, max_num_seqs=seqs, max_num_batched_tokens=budget, enable_prefix_caching=False,
+                       scheduler_cls=recording(Scheduler))
     for _ in range(num_requests):
         engine.add_request([5], SamplingParams(max_tokens=max_tokens, ignore_eos=True))
     return engine
 
 
 def _run(engine):
+    """Step to the end; returns each step's chunks."""
+    steps = []
     while engine.has_unfinished():
         engine.step()
-    return engine.step_log
+        steps.append(engine.scheduler.last.chunks)
+    return steps
 
 
 def measured_decodes(seqs, budget):
-    log = _run(_engine(seqs, budget, seqs + 2, 3))  # more requests than can ever run at once
-    return max(sum(kind == "decode" for _, _, kind in rec.scheduled) for rec in log)
+    steps = _run(_engine(seqs, budget, seqs + 2, 3))  # more requests than can ever run at once
+    return max(sum(c.kind == "decode" for c in chunks) for chunks in steps)
 
 
 def measured_steps(n, max_tokens, seqs, budget):
-    return len(_run(_engine(seqs, budget, n, max_tokens)))
+    engine = _engine(seqs, budget, n, max_tokens)
+    _run(engine)
+    return engine.stats.steps
 
 
 def measured_prefill(decoding, prompt_len, seqs, budget):
@@ -62,7 +69,7 @@ def measured_prefill(decoding, prompt_len, seqs, budget):
     engine.step()  # admits the decoding requests (their 1-token prefill)
     rid = engine.add_request([7] * prompt_len, SamplingParams(max_tokens=2))
     engine.step()
-    return sum(n for r, n, _ in engine.step_log[-1].scheduled if r == rid)
+    return sum(c.n for c in engine.scheduler.last.chunks if c.request.request_id == rid)
 
 
 def _check(fn_name, grid, measure, hint):
