@@ -209,7 +209,8 @@ def _tie(sc: Scenario, step: int, a: str, b: str, outcome: str) -> str:
     if pa != pb:
         return ""
     if ta != tb:
-        return f"; among equal priorities the {'later' if 'preempted' in outcome else 'earlier'} arrival_time is {outcome}"
+        which = "later" if "preempted" in outcome else "earlier"
+        return f"; among equal priorities the {which} arrival_time is {outcome}"
     return (f"; with equal priority and equal arrival_time, seq (the order they were added) decides: the "
             f"{'larger' if 'preempted' in outcome else 'smaller'} seq is {outcome}")
 

@@ -94,7 +94,8 @@ class Result:
         else:
             rows = [_row(c) for c in self.cases]
             if self.stopped:
-                rows.append(_row(CaseResult(f"{self.stopped} more case(s)", "not run", ["stopped at the first failure"])))
+                rest = CaseResult(f"{self.stopped} more case(s)", "not run", ["stopped at the first failure"])
+                rows.append(_row(rest))
         colour = _BADGES["pass" if self.ok else "fail"][1]
         head = "".join(f'<th style="{_CELL}">{h}</th>' for h in ("case", "verdict", "expected vs got", "hint"))
         return (f'<div class="nano-engine-judge"><p style="text-align:left"><b>{html.escape(self.header)}</b></p>'
