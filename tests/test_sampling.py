@@ -1,9 +1,54 @@
-"""Sampling: greedy, temperature, top-k, top-p, and seeds independent of the batch."""
+"""Sampling: greedy, temperature, top-k, top-p in vLLM's order, and seeds independent of the batch.
 
+The distribution tests draw a few thousand tokens from fixed logits and compare the frequencies
+with the distribution computed here, independently, in float64: temperature first, then top-k,
+then top-p over the tempered probabilities (vLLM's order). Each case is chosen so that a
+plausible bug (temperature ignored, applied after the top-p cut, top_k=1 read as no limit) moves
+the distribution by far more than the sampling noise.
+"""
+
+import math
+
+import pytest
 import torch
 
 from nano_engine import LLMEngine, SamplingParams
 from nano_engine.sampling import filter_logits, sample_one
+
+LOGITS = torch.tensor([2.0, 1.0, 0.0, -1.0, -2.0])
+DRAWS = 4000  # standard error of a frequency <= 0.008; total variation noise about 0.01
+
+
+def expected(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """The distribution vLLM samples from, written out independently of nano_engine.sampling."""
+    probs = (logits.double() / temperature).softmax(-1)
+    order = probs.argsort(descending=True).tolist()
+    if top_k:  # the top-k cut, then the survivors renormalized (vLLM's apply_top_k_top_p)
+        probs[order[top_k:]] = 0.0
+        probs = probs / probs.sum()
+    total = 0.0
+    for rank, i in enumerate(order):  # top-p: keep tokens until those before reach top_p
+        if rank > 0 and total >= top_p:
+            probs[i] = 0.0
+        total += float(probs[i])
+    return probs / probs.sum()
+
+
+def frequencies(params: SamplingParams, logits: torch.Tensor = LOGITS, n: int = DRAWS) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1234)
+    counts = torch.zeros(len(logits), dtype=torch.float64)
+    for _ in range(n):
+        counts[sample_one(logits, params, g)] += 1
+    return counts / n
+
+
+def tv(p: torch.Tensor, q: torch.Tensor) -> float:
+    """Total variation distance."""
+    return 0.5 * float((p - q).abs().sum())
+
+
+def entropy(p: torch.Tensor) -> float:
+    return -sum(float(x) * math.log(float(x)) for x in p if x > 0)
 
 
 def test_top_k_and_top_p_filters():
@@ -11,15 +56,64 @@ def test_top_k_and_top_p_filters():
     assert torch.isinf(filter_logits(logits, 2, 1.0)).tolist() == [False, False, True, True]
     assert torch.isinf(filter_logits(logits, 0, 0.7)).tolist() == [False, False, True, True]
     assert torch.isinf(filter_logits(logits, 0, 0.5)).tolist() == [False, True, True, True]
+    assert torch.isinf(filter_logits(logits, 1, 1.0)).tolist() == [False, True, True, True]
     assert not torch.isinf(filter_logits(logits, 0, 1.0)).any()
 
 
-def test_sampling_respects_the_filters():
-    logits = torch.tensor([3.0, 2.9, 2.8, -1.0])
-    g = torch.Generator().manual_seed(0)
-    draws = {sample_one(logits, SamplingParams(temperature=1.0, top_k=2), g) for _ in range(200)}
-    assert draws == {0, 1}
-    assert sample_one(logits, SamplingParams(), None) == 0  # greedy
+def test_temperature_shapes_the_distribution():
+    """Frequencies match softmax(logits / T), and the entropy grows with T as it should."""
+    entropies = []
+    for t in (0.5, 1.0, 2.0, 4.0):
+        freq = frequencies(SamplingParams(temperature=t))
+        want = expected(LOGITS, t)
+        assert tv(freq, want) < 0.035, (t, freq, want)
+        assert abs(entropy(freq) - entropy(want)) < 0.07, t
+        entropies.append(entropy(freq))
+    assert entropies == sorted(entropies) and entropies[-1] - entropies[0] > 1.0
+    assert torch.equal(expected(LOGITS, 1.0), LOGITS.double().softmax(-1))  # T = 1: the model's own
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [
+    (0.5, 0, 0.8),  # tempered: the top token alone has 0.87 >= 0.8; untempered, two tokens pass
+    (2.0, 0, 0.8),  # tempered: four tokens pass; untempered, two
+    (2.0, 3, 1.0),  # top-k after temperature: three tokens, tempered
+    (2.0, 3, 0.5),  # both filters after temperature: top-p over the renormalized top 3 keeps one
+])
+def test_filters_come_after_the_temperature(temperature, top_k, top_p):
+    want = expected(LOGITS, temperature, top_k, top_p)
+    wrong = expected(LOGITS, 1.0, top_k, top_p)  # the cut made before the temperature ...
+    wrong = (LOGITS.double() / temperature).softmax(-1) * (wrong > 0)  # ... then tempered
+    wrong = wrong / wrong.sum()
+    if top_k == 0:
+        assert tv(want, wrong) > 0.1  # the case tells the two orders apart
+    freq = frequencies(SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p))
+    assert tv(freq, want) < 0.035, (freq, want)
+    assert set(freq.nonzero().flatten().tolist()) == set(want.nonzero().flatten().tolist())
+
+
+def test_top_k_1_is_greedy(tiny):
+    flat = torch.tensor([1.0, 1.2, 0.9, 1.1])  # nearly uniform: any other sampler varies at once
+    assert frequencies(SamplingParams(temperature=1.0, top_k=1), flat, n=500).tolist() == [0, 1, 0, 0]
+    assert frequencies(SamplingParams(temperature=100.0, top_k=1, top_p=0.9), flat, n=500).tolist() == [0, 1, 0, 0]
+    prompts = [[3, 4, 5], [9, 8]]
+    greedy = LLMEngine(tiny).generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True))
+    top1 = LLMEngine(tiny).generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True, temperature=2.0,
+                                                            top_k=1, seed=7))
+    assert [r.output_ids for r in top1] == [r.output_ids for r in greedy]
+
+
+def test_each_seed_is_its_own_stream(tiny):
+    """One seed, the same tokens (in any batch); another seed, other tokens; no seed, fresh ones."""
+    def params(seed):
+        return SamplingParams(max_tokens=16, temperature=1.5, seed=seed, ignore_eos=True)
+
+    prompt = [3, 4, 5]
+    runs = LLMEngine(tiny).generate([prompt] * 5, [params(1), params(2), params(1), params(3), params(2)])
+    out = [r.output_ids for r in runs]
+    assert out[0] == out[2] and out[1] == out[4]
+    assert len({tuple(o) for o in out}) == 3  # seeds 1, 2, 3: three different streams
+    again = LLMEngine(tiny).generate([prompt], params(2))[0].output_ids
+    assert again == out[1]
 
 
 def test_seeded_request_is_independent_of_the_batch(tiny):
@@ -29,8 +123,9 @@ def test_seeded_request_is_independent_of_the_batch(tiny):
         [[9, 9, 9, 9], [3, 4, 5], [7, 1]],
         [SamplingParams(max_tokens=8, temperature=0.7), sp, SamplingParams(max_tokens=5, seed=1)])
     assert crowd[1].output_ids == alone
-    other_seed = LLMEngine(tiny).generate([[3, 4, 5]], SamplingParams(max_tokens=12, temperature=1.0, seed=99))
-    assert other_seed[0].output_ids != alone
+    # Only the seed differs: the stream must differ.
+    other_seed = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, top_k=20, seed=99)
+    assert LLMEngine(tiny).generate([[3, 4, 5]], other_seed)[0].output_ids != alone
 
 
 def test_stop_tokens_and_ignore_eos(tiny):
