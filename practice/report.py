@@ -98,7 +98,8 @@ class Result:
                 rows.append(_row(rest))
         colour = _BADGES["pass" if self.ok else "fail"][1]
         head = "".join(f'<th style="{_CELL}">{h}</th>' for h in ("case", "verdict", "expected vs got", "hint"))
-        return (f'<div class="nano-engine-judge"><p style="text-align:left"><b>{html.escape(self.header)}</b></p>'
+        return (f'<div class="nano-engine-judge" style="overflow-x:auto">'
+                f'<p style="text-align:left"><b>{html.escape(self.header)}</b></p>'
                 f'<table style="border-collapse:collapse"><thead><tr>{head}</tr></thead>'
                 f'<tbody>{"".join(rows)}</tbody></table>'
                 f'<p style="text-align:left;color:{colour}"><b>{html.escape(self.summary())}</b></p></div>')
@@ -107,10 +108,12 @@ class Result:
 def _row(case: CaseResult) -> str:
     label, colour = _BADGES[case.status]
     got, hints = case.details()
-    pre = (f'<pre style="margin:0;white-space:pre-wrap;text-align:left">{html.escape(chr(10).join(got))}</pre>'
-           if got else "")
-    cells = [f"<code>{html.escape(case.name)}</code>",
+    # Expected and got stay aligned, unwrapped (the table scrolls sideways); names and hints wrap.
+    pre = (f'<pre style="margin:0;white-space:pre;text-align:left;font-size:12px">'
+           f'{html.escape(chr(10).join(got))}</pre>' if got else "")
+    cells = [f"<code>{html.escape(case.name).replace('_', '_<wbr>')}</code>",  # long names break at underscores
              f'<span style="color:#fff;background:{colour};padding:1px 6px;border-radius:3px;'
              f'font-weight:bold;white-space:nowrap">{label}</span>',
              pre, "<br>".join(html.escape(h) for h in hints)]
-    return "<tr>" + "".join(f'<td style="{_CELL}">{c}</td>' for c in cells) + "</tr>"
+    widths = ["min-width:12em;max-width:20em", "", "", "min-width:20em"]
+    return "<tr>" + "".join(f'<td style="{_CELL};{w}">{c}</td>' for c, w in zip(cells, widths)) + "</tr>"
