@@ -255,7 +255,7 @@ def test_report_plain_text_is_one_line_per_case_and_a_summary():
 
 
 def test_report_html_is_a_table_with_every_case_escaped():
-    html = _sample_result()._repr_html_()
+    html = _sample_result()._repr_html_().replace("<wbr>", "")  # names may break at underscores
     assert html.count("<tr>") == 4  # the header and one row per case
     for name in ("budget_shared", "preempt_&lt;tail&gt;", "recompute"):
         assert f"<code>{name}</code>" in html
