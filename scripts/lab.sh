@@ -8,15 +8,18 @@
 #
 #   LAB_HOST  address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for all)
 #   LAB_PORT  port (default 8888; JupyterLab takes the next free one if it is busy)
-# Further arguments go to `jupyter lab` (later ones win, e.g. --ServerApp.root_dir=...).
+#   LAB_ROOT  the folder served (default: the repository; the browser test serves a copy)
+# Further arguments go to `jupyter lab` (an option given twice is an error there).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-root=$PWD
+here=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "${LAB_ROOT:-$here}" 2>/dev/null && pwd) || root=${LAB_ROOT}
+cd "$here"
 host=${LAB_HOST:-127.0.0.1}
 port=${LAB_PORT:-8888}
 
 [ -x .venv/bin/python ] || { echo "lab: no .venv here: run \`make setup\` first" >&2; exit 1; }
 [[ "$port" =~ ^[0-9]+$ ]] || { echo "lab: LAB_PORT must be a port number, got '$port'" >&2; exit 1; }
+[ -d "$root/notebooks" ] || { echo "lab: LAB_ROOT must hold notebooks/, got '$root'" >&2; exit 1; }
 
 # Kernels of the .venv before any the user has installed under ~/.local/share/jupyter: a user-wide
 # "python3" kernel would otherwise run the chapters with a Python that lacks the project.
@@ -28,7 +31,7 @@ if [ "$host" != 127.0.0.1 ] && [ "$host" != localhost ]; then
   echo "lab: listening on $host: anyone who can reach port $port and has the token can run code here"
 fi
 echo "lab: the chapters are in notebooks/ (start with 01_model.ipynb); stop with Ctrl-C"
-# preferred_dir is relative to the root: a root given below (the browser test's copy) keeps it.
+# preferred_dir is relative to the root: the file browser opens in the root's notebooks/.
 args=(--no-browser --ip="$host" --port="$port"
       --ServerApp.root_dir="$root" --FileContentsManager.preferred_dir=notebooks)
 [ "$(id -u)" -ne 0 ] || args+=(--allow-root)  # containers often run as root

@@ -1,10 +1,13 @@
-"""What a learner sees: JupyterLab in headless Chromium, the timeline widget switched by hand.
+"""What a learner sees: JupyterLab in headless Chromium, the timeline widget switched by hand,
+the judge's table in a notebook cell, and the static book.
 
 nbval proves the cells run and print the same; this proves the chapter works in a browser.
-JupyterLab is started from the project's own environment on a loopback port, over a copy of
-notebooks/ and practice/ (JupyterLab autosaves: the committed notebooks must stay untouched).
-Chromium is Debian's (scripts/install_chromium.sh), driven by Playwright. Screenshots of every
-state go to build/screenshots/, printed at the end.
+JupyterLab is started as `make lab` starts it (scripts/lab.sh: the project's kernel, the set-up's
+settings override that turns off the news popup) on a loopback port, over a copy of notebooks/
+and practice/ (JupyterLab autosaves: the committed notebooks must stay untouched). The book is
+built by scripts/build_book.py into a temporary folder and opened from file://. Chromium is
+Debian's (scripts/install_chromium.sh), driven by Playwright. Screenshots of every state go to
+build/screenshots/, printed at the end.
 """
 
 from __future__ import annotations
@@ -25,7 +28,11 @@ from playwright.sync_api import Page, expect, sync_playwright
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import build_book  # noqa: E402
+
 CHAPTER = "04_1_static_vs_continuous.ipynb"
+NEWS = "Jupyter news"  # JupyterLab's "Would you like to get notified about official Jupyter news?"
 SHOTS = ROOT / "build" / "screenshots"
 TOKEN = "nano-engine-browser-test"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -50,19 +57,19 @@ def lab(tmp_path_factory):
     shutil.copytree(ROOT / "notebooks", root / "notebooks")
     shutil.copytree(ROOT / "practice", root / "practice",
                     ignore=shutil.ignore_patterns("__pycache__"))
+    # What a learner types into a chapter: no sys.path edit; the kernel must be the project's.
     judge_nb = nbformat.v4.new_notebook()
-    judge_nb.cells = [nbformat.v4.new_code_cell(
-        "import sys; sys.path.insert(0, '..')\nfrom practice.judge import grade\ngrade(129)")]
+    judge_nb.cells = [nbformat.v4.new_code_cell("import sys, nano_engine, practice\nprint(sys.executable)"),
+                      nbformat.v4.new_code_cell("from practice.judge import grade\ngrade(129)")]
     nbformat.write(judge_nb, root / "notebooks" / "try_the_judge.ipynb")
     port = free_port()
     log = open(root / "jupyter.log", "w")
+    # As `make lab` starts it; only the root, the token and fresh workspace and user settings
+    # (never reopen tabs or answers left by an earlier session) are the test's own.
     server = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}",
-         # A fresh workspace and settings: never reopen tabs or answers left by an earlier session.
-         f"--LabApp.workspaces_dir={root / 'workspaces'}", f"--LabApp.user_settings_dir={root / 'settings'}",
-         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
-        + (["--allow-root"] if os.geteuid() == 0 else []),
+        ["bash", str(ROOT / "scripts" / "lab.sh"), f"--IdentityProvider.token={TOKEN}",
+         f"--LabApp.workspaces_dir={root / 'workspaces'}", f"--LabApp.user_settings_dir={root / 'settings'}"],
+        env={**os.environ, "LAB_HOST": "127.0.0.1", "LAB_PORT": str(port), "LAB_ROOT": str(root)},
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -107,7 +114,8 @@ def browser():
     print(f"\nscreenshots in {SHOTS}: " + ", ".join(sorted(f.name for f in SHOTS.glob("*.png"))))
 
 
-def open_and_run_all(browser, url: str, notebook: str) -> Page:
+def open_notebook(browser, url: str, notebook: str) -> Page:
+    """The notebook in JupyterLab, its kernel started and idle."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.set_default_timeout(120_000)
     # A workspace of its own, reset: only this notebook is open, whatever ran before.
@@ -124,17 +132,43 @@ def open_and_run_all(browser, url: str, notebook: str) -> Page:
     except PlaywrightTimeout:
         pass  # it started the notebook's kernel without asking
     expect(idle).to_be_visible(timeout=120_000)
+    return page
+
+
+def open_and_run_all(browser, url: str, notebook: str) -> Page:
+    page = open_notebook(browser, url, notebook)
     page.locator(".lm-MenuBar-item", has_text="Run").first.click()
     page.locator(".lm-Menu-item", has_text="Run All Cells").first.click()
     return page
 
 
+def no_news_popup(page: Page) -> None:
+    """JupyterLab asks about Jupyter news unless the set-up's settings override says never."""
+    news = page.locator(".Toastify__toast").filter(has_text=NEWS)  # react-toastify draws the toasts
+    assert not news.count(), f"JupyterLab shows its news popup: {news.first.inner_text()!r}"
+
+
+def wait_for_output(page: Page, output, timeout: float) -> None:
+    """Wait until output is visible, or stop at the first traceback (Run All stops there too)."""
+    error = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']").filter(
+        has_text="Traceback")
+    output.or_(error).first.wait_for(state="visible", timeout=timeout)
+    assert not error.count(), f"a cell failed:\n{error.first.inner_text()[-3000:]}"
+
+
 def screenshot(page: Page, name: str) -> None:
-    """Save the page, without JupyterLab's question about news, which may cover the figure."""
-    news = page.locator(".jp-Notification-Toast").filter(has_text="Jupyter news")
-    if news.count():
-        news.get_by_role("button", name="No").click()
+    no_news_popup(page)
     page.screenshot(path=SHOTS / name)
+
+
+def test_first_screen_is_the_chapter_without_a_news_popup(lab, browser):
+    page = open_notebook(browser, lab, "01_model.ipynb")
+    # The popup would come as soon as JupyterLab has restored its layout and read its settings,
+    # well before a kernel is idle; give it a few seconds more all the same.
+    page.wait_for_timeout(3_000)
+    expect(page.locator(".jp-NotebookPanel .jp-MarkdownOutput").first).to_contain_text("1 The model")
+    screenshot(page, "0_first_screen_no_news.png")
+    page.close()
 
 
 def image_bytes(page: Page) -> bytes:
@@ -151,7 +185,7 @@ def wait_for_new_figure(page: Page, summary_before: str) -> None:
 def test_timeline_widget_switches_methods_and_budget(lab, browser):
     page = open_and_run_all(browser, lab, CHAPTER)
     figure = page.locator("img.widget-image").first
-    figure.wait_for(state="visible", timeout=RUN_ALL_TIMEOUT)
+    wait_for_output(page, figure, RUN_ALL_TIMEOUT)
     expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first).to_be_visible(
         timeout=RUN_ALL_TIMEOUT)
     figure.scroll_into_view_if_needed()
@@ -185,12 +219,51 @@ def test_timeline_widget_switches_methods_and_budget(lab, browser):
     page.close()
 
 
-def test_judge_from_a_notebook_cell_reports_not_attempted(lab, browser):
+def test_judge_in_a_notebook_cell_is_a_table_with_no_path_edits(lab, browser):
     page = open_and_run_all(browser, lab, "try_the_judge.ipynb")
-    out = page.locator(".jp-OutputArea-output").filter(has_text="passed").first
-    expect(out).to_contain_text("failed", timeout=300_000)
+    out = page.locator(".jp-OutputArea-output").filter(has=page.locator("table")).first
+    wait_for_output(page, out, 300_000)
+    expect(out).to_contain_text("failed")
     screenshot(page, "5_judge_129_starter.png")
-    text = out.inner_text()
-    assert "NOT ATTEMPTED" in text and "schedule() raises NotImplementedError" in text
-    assert text.strip().splitlines()[-1].startswith("0 passed")
+    # The first cell: the kernel is the project's Python (it imported nano_engine and practice).
+    executable = page.locator(".jp-OutputArea-output").first.inner_text().strip()
+    assert Path(executable).parent == ROOT / ".venv" / "bin", executable
+    rows = out.locator("table tbody tr")
+    assert rows.count() >= 3
+    for i in range(rows.count()):  # the starter attempts nothing: every case says so, in its row
+        expect(rows.nth(i)).to_contain_text("NOT ATTEMPTED")
+    assert "schedule() raises NotImplementedError" in out.inner_text()
+    assert out.inner_text().strip().splitlines()[-1] == f"0 passed, {rows.count()} failed"
+    page.close()
+
+
+@pytest.fixture(scope="module")
+def book(tmp_path_factory):
+    out = tmp_path_factory.mktemp("book")
+    return out, build_book.build(ROOT / "notebooks", out)
+
+
+def test_book_index_and_a_chapter_page(book, browser):
+    out, written = book
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto((out / "index.html").as_uri())
+    links = page.locator("table a")
+    assert [links.nth(i).inner_text() for i in range(links.count())] == [w["title"] for w in written]
+    screenshot(page, "6_book_index.png")
+
+    page.locator("table a", has_text="4.1").click()
+    page.wait_for_load_state("load")
+    assert page.url.endswith("/04_1_static_vs_continuous.html")
+    expect(page.locator("h1").first).to_contain_text("4.1 Static vs continuous batching")
+    screenshot(page, "7_book_chapter_4_1.png")
+    # Every figure is on the page and drawn (a missing file has no natural width).
+    images = page.evaluate("() => [...document.images].map(i => [i.getAttribute('src'), i.naturalWidth])")
+    chapter = next(w for w in written if w["page"] == "04_1_static_vs_continuous.html")
+    assert sorted(src for src, _ in images) == chapter["figures"]
+    assert all(width > 0 for _, width in images), images
+    # The widget cell: what it needs, and the figure it showed, in place of the widget.
+    note = page.locator(".book-widget-note")
+    expect(note).to_contain_text("needs a running kernel")
+    note.scroll_into_view_if_needed()
+    screenshot(page, "8_book_widget_without_kernel.png")
     page.close()
