@@ -105,12 +105,21 @@ def test_pages_show_the_stored_outputs_and_load_nothing_from_the_network(book, p
     assert build_book.WIDGET_VIEW not in text
 
 
-def test_an_interactive_widget_says_it_needs_a_kernel_and_shows_its_figure(book):
-    nb = nbformat.read(ROOT / "notebooks" / "04_1_static_vs_continuous.ipynb", as_version=4)
-    page_html = (book / "04_1_static_vs_continuous.html").read_text(encoding="utf-8")
-    assert page_html.count("needs a running kernel") == sum(
-        build_book.WIDGET_VIEW in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
-    assert "method: <b>static batching</b>" in page_html  # the settings the stored figure was drawn with
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_each_interactive_widget_says_it_needs_a_kernel_and_a_progress_bar_is_drawn(book, path):
+    nb = nbformat.read(path, as_version=4)
+    page_html = (book / f"{path.stem}.html").read_text(encoding="utf-8")
+    state = nb.metadata.get("widgets", {}).get(build_book.WIDGET_STATE, {}).get("state", {})
+    views = [o["data"][build_book.WIDGET_VIEW]["model_id"] for c in nb.cells if c.cell_type == "code"
+             for o in c.outputs if build_book.WIDGET_VIEW in o.get("data", {})]
+    kinds = [{m["model_name"].removesuffix("Model") for m in build_book._walk(state, v)} for v in views]
+    controls = [k - build_book.DISPLAY_ONLY - {n for n in k if "Layout" in n or "Style" in n} for k in kinds]
+    # A widget whose state was not saved gets the note too: nothing can be shown without a kernel.
+    assert page_html.count("needs a running kernel") == sum(bool(c) or not k for c, k in zip(controls, kinds))
+    assert page_html.count("<progress ") == sum(
+        not c and bool(k & {"FloatProgress", "IntProgress"}) for c, k in zip(controls, kinds))
+    if path.stem == "04_1_static_vs_continuous":  # the timeline: the settings its stored figure was drawn with
+        assert "method: <b>static batching</b>" in page_html
 
 
 def _state(*models):
