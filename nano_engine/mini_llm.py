@@ -287,25 +287,37 @@ class Transformer(nn.Module):
         return self.lm_head(hidden)  # (rows, vocab)
 
     @classmethod
-    def from_pretrained(cls, path=None, dtype: torch.dtype = torch.float32) -> "Transformer":
-        """Load a Hugging Face folder or a GGUF file; None means $NANO_ENGINE_MODEL or the embedded model."""
-        from .loading import load_checkpoint, resolve_model_path
+    def from_pretrained(cls, path=None, dtype: torch.dtype | str = torch.float32) -> "Transformer":
+        """Load a Hugging Face folder or a GGUF file; None means $NANO_ENGINE_MODEL or the embedded
+        model. `dtype`: torch.float32 / bfloat16 / float16 / float64, or a name ("bf16", ...)."""
+        from .loading import ModelLoadError, load_checkpoint, resolve_dtype, resolve_model_path
 
-        hf_config, state = load_checkpoint(resolve_model_path(path))
+        dtype = resolve_dtype(dtype)  # before the load: a wrong dtype must not cost seconds
+        path = resolve_model_path(path)
+        hf_config, state = load_checkpoint(path)
         cfg = ModelConfig.from_hf(hf_config)
         with torch.device("meta"):
             model = cls(cfg)
         if cfg.tie_word_embeddings:
             state.pop("lm_head.weight", None)
-        missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-        missing = set(missing) - ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
-        if missing or unexpected:
-            raise ValueError(f"checkpoint does not match the model: missing {sorted(missing)[:5]}, "
-                             f"unexpected {sorted(unexpected)[:5]}")
+        # The config and the weights come from different files: say which side disagrees.
+        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()
+                    if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
+        missing = sorted(expected.keys() - state.keys())
+        unexpected = sorted(state.keys() - expected.keys())
+        wrong = [f"{k} is {tuple(state[k].shape)}, the config says {expected[k]}"
+                 for k in sorted(expected.keys() & state.keys()) if tuple(state[k].shape) != expected[k]]
+        if missing or unexpected or wrong:
+            problems = [f"{what}{', '.join(names[:2])}{', ...' if len(names) > 2 else ''}"
+                        for what, names in (("missing ", missing), ("unexpected ", unexpected),
+                                            ("", wrong)) if names]
+            config = "config.json" if path.is_dir() else "the GGUF metadata"
+            raise ModelLoadError(f"{path}: the weights do not match {config}: {'; '.join(problems)}")
+        model.load_state_dict(state, strict=False, assign=True)
         if cfg.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
         model.inv_freq = rope_inv_freq(cfg)
-        model.name_or_path = str(path) if path is not None else str(resolve_model_path(path))
+        model.name_or_path = str(path)
         model = model.to(dtype).eval().requires_grad_(False)  # for inference
         model.fuse()
         return model

@@ -1,6 +1,8 @@
 """Tests of nano_engine.loading: the embedded GGUF model, its cache, Hugging Face folders."""
 
+import io
 import json
+import sys
 
 import gguf
 import numpy as np
@@ -8,7 +10,8 @@ import pytest
 import torch
 import transformers
 
-from nano_engine import loading
+from nano_engine import Transformer, gguf_loader, loading
+from tiny_files import gguf_name, save_hf_folder, tiny_hf_model, write_gguf
 
 KV_CACHE_PROMPT_IDS = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519,
                        28, 7018, 411, 407, 19712, 8182, 2, 198, 1, 4093, 198, 1780, 314, 253,
@@ -75,7 +78,7 @@ def test_second_load_comes_from_cache(embedded, monkeypatch):
     def no_conversion(_):
         raise AssertionError("the GGUF file was converted again")
 
-    monkeypatch.setattr(loading, "_convert_gguf", no_conversion)
+    monkeypatch.setattr(gguf_loader, "convert_gguf", no_conversion)
     cfg2, state2 = loading.load_checkpoint(path)
     assert cfg2 == cfg and state2.keys() == state.keys()
     assert all(torch.equal(state[k], state2[k]) for k in state)
@@ -92,7 +95,7 @@ def test_q_k_unpermuted_like_transformers(embedded):
     table = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg["num_hidden_layers"])
     processor = LlamaTensorProcessor(config=cfg)
     reader = gguf.GGUFReader(path)
-    ours = {t.name: loading._hf_name(t.name) for t in reader.tensors}
+    ours = {t.name: gguf_loader.hf_name(t.name) for t in reader.tensors}
     assert set(ours.values()) == set(state)
     for gguf_name, hf_name in ours.items():
         base, _, suffix = hf_name.rpartition(".")
@@ -113,14 +116,6 @@ def test_chat_prompt_ids(cache_root):
     assert again.eos_token_id == 2
 
 
-def _tiny(config_class, **extra):
-    config = config_class(vocab_size=96, hidden_size=64, intermediate_size=128,
-                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                          max_position_embeddings=256, bos_token_id=1, eos_token_id=2, **extra)
-    torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(config)
-
-
 @pytest.mark.parametrize("config_class, extra", [
     (transformers.LlamaConfig, {"tie_word_embeddings": False}),
     (transformers.LlamaConfig, {"tie_word_embeddings": True}),
@@ -128,7 +123,7 @@ def _tiny(config_class, **extra):
     (transformers.Qwen3Config, {"head_dim": 32, "tie_word_embeddings": False}),
 ])
 def test_hf_folder_round_trip(tmp_path, config_class, extra):
-    model = _tiny(config_class, **extra)
+    model = tiny_hf_model(config_class, **extra)
     model.save_pretrained(tmp_path, max_shard_size="100KB")  # several shards + an index
     assert (tmp_path / "model.safetensors.index.json").is_file()
     cfg, state = loading.load_checkpoint(tmp_path)
@@ -153,47 +148,40 @@ def test_hf_folder_round_trip(tmp_path, config_class, extra):
 
 def test_old_style_config(tmp_path):
     """transformers 4 configs: rope_theta/rope_scaling at the top, head_dim often absent."""
-    _tiny(transformers.LlamaConfig).save_pretrained(tmp_path)
+    tiny_hf_model(transformers.LlamaConfig).save_pretrained(tmp_path)
     raw = json.loads((tmp_path / "config.json").read_text())
     raw.pop("rope_parameters"), raw.pop("head_dim")
-    raw.update(rope_theta=5e5, rope_scaling={"rope_type": "linear", "factor": 2.0})
+    scaling = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 128}
+    raw.update(rope_theta=5e5, rope_scaling=scaling)
     (tmp_path / "config.json").write_text(json.dumps(raw))
     cfg, _ = loading.load_checkpoint(tmp_path)
     assert cfg["head_dim"] == 16 and cfg["rope_theta"] == 5e5
-    assert cfg["rope_scaling"] == {"rope_type": "linear", "factor": 2.0}
+    assert cfg["rope_scaling"] == scaling
 
 
-def _llama_cpp_permute(w, n_head):
-    # convert_hf_to_gguf.py's LlamaModel.permute, which our loader must undo.
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+def test_gguf_names_are_llama_cpps():
+    """The loader's names against llama.cpp's convention, spelled out in tiny_files.py."""
+    assert gguf_name("model.layers.7.mlp.up_proj.weight") == "blk.7.ffn_up.weight"
+    for hf in ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
+               "model.layers.3.self_attn.q_proj.bias", "model.layers.0.self_attn.k_norm.weight",
+               *(f"model.layers.12.{m}.weight" for m in ["self_attn.q_proj", "self_attn.k_proj",
+                 "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
+                 "mlp.down_proj", "input_layernorm", "post_attention_layernorm"])]:
+        assert gguf_loader.hf_name(gguf_name(hf)) == hf
+    with pytest.raises(loading.ModelLoadError, match="rope_freqs.weight"):
+        gguf_loader.hf_name("rope_freqs.weight")
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_gguf_round_trip(tmp_path, monkeypatch, arch):
     """A tiny GGUF written the way llama.cpp writes it loads back as the HF model."""
     monkeypatch.setenv("NANO_ENGINE_CACHE", str(tmp_path / "cache"))
-    config_class = transformers.LlamaConfig if arch == "llama" else transformers.Qwen3Config
-    hf = {k: v.numpy() for k, v in _tiny(config_class, head_dim=32).state_dict().items()}
-    names = {v: k for k, v in loading._GGUF_TOP.items()}
-    names.update({f"model.layers.{i}.{v}": f"blk.{i}.{k}"
-                  for i in range(2) for k, v in loading._GGUF_TENSORS.items()})
-    writer = gguf.GGUFWriter(tmp_path / "tiny.gguf", arch)
-    for add, value in [("block_count", 2), ("context_length", 256), ("embedding_length", 64),
-                       ("feed_forward_length", 128), ("head_count", 4), ("head_count_kv", 2),
-                       ("key_length", 32), ("value_length", 32), ("vocab_size", 96),
-                       ("layer_norm_rms_eps", 1e-6), ("rope_freq_base", 1e4),
-                       ("bos_token_id", 1), ("eos_token_id", 2)]:
-        getattr(writer, f"add_{add}")(value)
-    for name, w in hf.items():
-        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
-            w = _llama_cpp_permute(w, 4 if "q_proj" in name else 2)
-        writer.add_tensor(names[name.rpartition(".")[0]] + "." + name.rpartition(".")[2], w)
-    writer.write_header_to_file(), writer.write_kv_data_to_file()
-    writer.write_tensors_to_file(), writer.close()
-
+    hf = write_gguf(tmp_path / "tiny.gguf", arch)
     cfg, state = loading.load_checkpoint(tmp_path / "tiny.gguf")
-    assert cfg["model_type"] == arch and cfg["head_dim"] == 32 and cfg["num_key_value_heads"] == 2
-    assert cfg["tie_word_embeddings"] is False and cfg["eos_token_id"] == 2
+    assert cfg["model_type"] == arch and cfg["num_key_value_heads"] == 2 and cfg["eos_token_id"] == 2
+    assert cfg["head_dim"] == (16 if arch == "qwen2" else 32)
+    assert cfg["tie_word_embeddings"] is ("lm_head.weight" not in hf)
+    assert cfg["attention_bias"] is (arch == "qwen2")
     assert state.keys() == hf.keys()
     assert all(np.array_equal(state[k].numpy(), hf[k]) for k in hf)
 
@@ -217,7 +205,67 @@ def test_paths(tmp_path, monkeypatch):
     monkeypatch.setenv("NANO_ENGINE_MODEL", str(tmp_path / "gone"))
     with pytest.raises(FileNotFoundError, match="gone"):
         loading.resolve_model_path()
-    _tiny(transformers.LlamaConfig).save_pretrained(tmp_path / "hf")
+    tiny_hf_model(transformers.LlamaConfig).save_pretrained(tmp_path / "hf")
     monkeypatch.setenv("NANO_ENGINE_MODEL", str(tmp_path / "hf"))
     assert loading.resolve_model_path() == tmp_path / "hf"
     assert loading.resolve_model_path(tmp_path / "hf") == tmp_path / "hf"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_first_gguf_load_shows_progress_on_a_terminal_only(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("NANO_ENGINE_CACHE", str(tmp_path / "cache"))
+    n = len(write_gguf(tmp_path / "tiny.gguf"))
+    monkeypatch.setattr(sys, "stderr", _Terminal())
+    loading.load_checkpoint(tmp_path / "tiny.gguf")
+    bar = sys.stderr.getvalue()
+    assert "dequantizing tiny.gguf" in bar and f"{n}/{n}" in bar and "tensor/s" in bar
+    monkeypatch.setattr(sys, "stderr", _Terminal())
+    loading.load_checkpoint(tmp_path / "tiny.gguf")  # from the cache: nothing to show
+    assert sys.stderr.getvalue() == ""
+    monkeypatch.undo()
+    # Not a terminal (a log file, a pipe, pytest's capture): quiet.
+    monkeypatch.setenv("NANO_ENGINE_CACHE", str(tmp_path / "other_cache"))
+    loading.load_checkpoint(tmp_path / "tiny.gguf")
+    assert capsys.readouterr().err == ""
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hf")
+    save_hf_folder(folder, tokenizer=False)
+    return folder
+
+
+@pytest.mark.parametrize("dtype, expected", [
+    ("float32", torch.float32), ("fp32", torch.float32), ("bfloat16", torch.bfloat16),
+    ("bf16", torch.bfloat16), ("float16", torch.float16), ("fp16", torch.float16),
+    ("float64", torch.float64), (torch.bfloat16, torch.bfloat16), (torch.float64, torch.float64),
+])
+def test_from_pretrained_takes_dtype_names(hf_folder, dtype, expected):
+    model = Transformer.from_pretrained(hf_folder, dtype=dtype)
+    assert model.dtype == expected and {p.dtype for p in model.parameters()} == {expected}
+    assert loading.load_checkpoint(hf_folder, dtype=dtype)[1]["model.norm.weight"].dtype == expected
+
+
+@pytest.mark.parametrize("dtype, error, message", [
+    ("half", ValueError, "dtype='half' is not supported; use one of 'float32', 'fp32', 'bfloat16', "
+                         "'bf16', 'float16', 'fp16', 'float64'"),
+    ("torch.float32", ValueError, "dtype='torch.float32' is not supported"),
+    (torch.int8, ValueError, "dtype=torch.int8 is not supported; use torch.float32, torch.bfloat16, "
+                             "torch.float16 or torch.float64"),
+    (torch.complex64, ValueError, "dtype=torch.complex64 is not supported"),
+    (16, TypeError, "dtype=16 must be a torch dtype or one of 'float32'"),
+    (None, TypeError, "dtype=None must be a torch dtype"),
+])
+def test_from_pretrained_refuses_other_dtypes_before_loading(hf_folder, monkeypatch, dtype, error, message):
+    def no_load(*args, **kwargs):
+        raise AssertionError("the checkpoint was read before the dtype was checked")
+
+    monkeypatch.setattr(loading, "load_checkpoint", no_load)
+    with pytest.raises(error) as raised:
+        Transformer.from_pretrained(hf_folder, dtype=dtype)
+    assert str(raised.value).startswith(message)
