@@ -3,46 +3,99 @@
 Generates each chat prompt alone with `mini_llm.generate`, then through the engine with
 defaults, a 32-token budget and a 64-token budget with 10 KV blocks; prints the table, the first
 steps of the 32-budget trace and one decoded answer. Exits 1 if any output differs.
+
+Every failure is one line on stderr that names the problem: exit 2 for a bad argument (checked
+before anything is loaded), 1 for a model that does not load (the line names the file) or any
+other failure; --debug adds the traceback. The same shape as vLLM's CLI
+(`vllm/entrypoints/cli/main.py`), whose argument errors come from argparse as well.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
+import traceback
 
-import torch
-
-from .experiments import CHAT_PROMPTS, IDENTITY_CONFIGS, format_trace, identity_check
-from .loading import chat_prompt_ids, load_tokenizer, resolve_model_path
-from .mini_llm import Transformer
+PROG = "python -m nano_engine"
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m nano_engine", description=__doc__,
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _message(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the message is empty")
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .loading import DTYPES
+
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="a Hugging Face folder or a .gguf file "
                                     "(default: $NANO_ENGINE_MODEL, else the embedded SmolLM2-135M-Instruct)")
-    ap.add_argument("--prompt", action="append", help="a user message (repeat for more; default: the 6 chat prompts)")
-    ap.add_argument("--max-tokens", type=int, default=24, help="greedy tokens per prompt (default 24)")
-    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--max-num-seqs", type=int, default=16)
+    ap.add_argument("--prompt", action="append", type=_message,
+                    help="a user message (repeat for more; default: the 6 chat prompts)")
+    ap.add_argument("--max-tokens", type=_positive_int, default=24, help="greedy tokens per prompt (default 24)")
+    ap.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    ap.add_argument("--block-size", type=_positive_int, default=16)
+    ap.add_argument("--max-num-seqs", type=_positive_int, default=16)
     ap.add_argument("--no-prefix-caching", action="store_true")
-    ap.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
-    args = ap.parse_args(argv)
+    ap.add_argument("--threads", type=_positive_int, help="torch threads (default: torch's choice)")
+    ap.add_argument("--debug", action="store_true", help="print the traceback of a failure")
+    return ap
+
+
+def _check_fits(ap: argparse.ArgumentParser, args, prompts: list[list[int]], configs: dict) -> None:
+    """Refuse, before the model loads, a --max-tokens or --block-size that leaves a config's
+    KV pool too small for the longest prompt and its output (the scheduler would refuse it
+    only after the reference run). A request holds prompt + max_tokens - 1 slots at most."""
+    from .engine import EngineConfig
+
+    blocks = min(cfg.get("num_blocks", EngineConfig().num_blocks) for cfg in configs.values())
+    longest = max(map(len, prompts))
+    need = longest + args.max_tokens - 1
+    if need > blocks * args.block_size:
+        ap.error(f"--max-tokens {args.max_tokens} with --block-size {args.block_size}: the longest "
+                 f"prompt ({longest} tokens) and its output need {need} KV slots, but the smallest "
+                 f"config has {blocks} blocks = {blocks * args.block_size} slots; use --max-tokens "
+                 f"<= {blocks * args.block_size - longest + 1} or --block-size >= {math.ceil(need / blocks)}")
+
+
+def run(ap: argparse.ArgumentParser, args) -> int:
+    import torch
+
+    from .experiments import CHAT_PROMPTS, IDENTITY_CONFIGS, format_trace, identity_check
+    from .loading import chat_prompt_ids, check_model, load_tokenizer
+    from .mini_llm import Transformer
+
     if args.threads:
         torch.set_num_threads(args.threads)
-
-    path = resolve_model_path(args.model)
+    # Every file first (no weights read): a broken model fails here, in a second, with its name.
+    path = check_model(args.model)
     t = time.perf_counter()
-    model = Transformer.from_pretrained(path, dtype=getattr(torch, args.dtype))
     tokenizer = load_tokenizer(path)
-    print(f"model: {path} ({model.config.model_type}, {model.config.num_hidden_layers} layers, "
-          f"{args.dtype}), loaded in {time.perf_counter() - t:.1f} s")
-
     texts = args.prompt or CHAT_PROMPTS
     prompts = [chat_prompt_ids(tokenizer, text) for text in texts]
+    _check_fits(ap, args, prompts, IDENTITY_CONFIGS)
+    model = Transformer.from_pretrained(path, dtype=args.dtype)
+    print(f"model: {path} ({model.config.model_type}, {model.config.num_hidden_layers} layers, "
+          f"{args.dtype}), loaded in {time.perf_counter() - t:.1f} s")
+    longest, limit = max(map(len, prompts)) + args.max_tokens, model.config.max_position_embeddings
+    if longest > limit:
+        ap.error(f"--max-tokens {args.max_tokens}: the longest prompt and its output are {longest} "
+                 f"tokens, above the model's max_position_embeddings={limit}")
+
     print(f"{len(prompts)} prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, "
           f"{args.max_tokens} greedy tokens each\n")
     common = dict(block_size=args.block_size, max_num_seqs=args.max_num_seqs,
@@ -60,6 +113,30 @@ def main(argv=None) -> int:
         return 1
     print("\nidentical: every config gives the single-request tokens, token for token")
     return 0
+
+
+def main(argv=None) -> int:
+    ap, args = build_parser(), None
+    try:
+        args = ap.parse_args(argv)
+        return run(ap, args)
+    except SystemExit as e:  # argparse has printed the usage and the error (2), or the help (0)
+        return e.code if isinstance(e.code, int) else 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        from .loading import ModelLoadError
+
+        debug = getattr(args, "debug", False)
+        if debug:
+            traceback.print_exc()
+        # A ModelLoadError's message names the file already; anything else also gets its type.
+        text = " ".join(str(e).split()) or "(no message)"
+        hint = "" if debug else " (--debug shows the traceback)"
+        what = text if isinstance(e, ModelLoadError) else f"{type(e).__name__}: {text}{hint}"
+        print(f"{PROG}: error: {what}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,296 @@
+"""`python -m nano_engine`: every failure is one line on stderr naming the problem, exit 2 for a
+bad argument (before anything loads), 1 for a model that does not load; and the library raises
+the same ModelLoadError. The broken models are tiny files built in tmp_path (tiny_files.py)."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from nano_engine import Transformer, loading
+from nano_engine.__main__ import main
+from tiny_files import save_hf_folder, write_gguf
+
+PREFIX = "python -m nano_engine: error: "
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("NANO_ENGINE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("NANO_ENGINE_MODEL", raising=False)
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    """A complete tiny model folder, to copy and break."""
+    folder = tmp_path_factory.mktemp("good")
+    save_hf_folder(folder)
+    return folder
+
+
+def copy_of(good, tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for f in good.iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    return folder
+
+
+def cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err.splitlines()
+
+
+# ----- bad arguments: exit 2 before anything is loaded -----
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-tokens", "0"], "argument --max-tokens: 0 must be at least 1"),
+    (["--max-tokens", "-3"], "argument --max-tokens: -3 must be at least 1"),
+    (["--max-tokens", "many"], "argument --max-tokens: 'many' is not an integer"),
+    (["--block-size", "0"], "argument --block-size: 0 must be at least 1"),
+    (["--max-num-seqs", "0"], "argument --max-num-seqs: 0 must be at least 1"),
+    (["--threads", "0"], "argument --threads: 0 must be at least 1"),
+    (["--prompt", ""], "argument --prompt: the message is empty"),
+    (["--prompt", "hi", "--prompt", "  "], "argument --prompt: the message is empty"),
+    (["--dtype", "int8"], "argument --dtype: invalid choice: 'int8' (choose from 'float32', 'fp32', "
+                          "'bfloat16', 'bf16', 'float16', 'fp16', 'float64')"),
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+])
+def test_bad_argument_exits_2_before_any_load(capsys, monkeypatch, argv, message):
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(loading, "check_model", no_load)
+    monkeypatch.setattr(Transformer, "from_pretrained", no_load)
+    code, out, err = cli(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err[0].startswith("usage: python -m nano_engine") and err[-1] == PREFIX + message
+
+
+def test_output_too_long_for_the_smallest_pool_exits_2_before_the_model_loads(capsys, good, monkeypatch):
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(Transformer, "from_pretrained", no_load)
+    # The 10-block config holds 10 x 4 = 40 slots; a prompt of a few tokens + 40 outputs does not fit.
+    code, out, err = cli(capsys, "--model", str(good), "--prompt", "w1 w2", "--max-tokens", "40",
+                         "--block-size", "4")
+    assert code == 2
+    assert re.fullmatch(PREFIX + r"--max-tokens 40 with --block-size 4: the longest prompt \((\d+) "
+                        r"tokens\) and its output need \d+ KV slots, but the smallest config has 10 "
+                        r"blocks = 40 slots; use --max-tokens <= \d+ or --block-size >= \d+", err[-1])
+
+
+def test_output_beyond_the_models_context_exits_2(capsys, good):
+    code, out, err = cli(capsys, "--model", str(good), "--prompt", "w1", "--max-tokens", "300",
+                         "--block-size", "64")
+    assert code == 2
+    assert re.fullmatch(PREFIX + r"--max-tokens 300: the longest prompt and its output are \d+ tokens, "
+                        r"above the model's max_position_embeddings=256", err[-1])
+
+
+# ----- models that do not load: exit 1, one line naming the file -----
+
+def _config_edit(**changes):
+    def build(good, tmp_path):
+        folder = copy_of(good, tmp_path)
+        raw = json.loads((folder / "config.json").read_text())
+        for key, value in changes.items():
+            if value is _DELETE:
+                raw.pop(key)
+            else:
+                raw[key] = value
+        (folder / "config.json").write_text(json.dumps(raw))
+        return folder
+    return build
+
+
+def _replace(name, data):
+    def build(good, tmp_path):
+        folder = copy_of(good, tmp_path)
+        (folder / name).write_bytes(data(folder / name) if callable(data) else data)
+        return folder
+    return build
+
+
+def _remove(*names):
+    def build(good, tmp_path):
+        folder = copy_of(good, tmp_path)
+        for name in names:
+            (folder / name).unlink()
+        return folder
+    return build
+
+
+def _gguf(cut=None, data=None, arch="llama"):
+    def build(good, tmp_path):
+        path = tmp_path / "tiny.gguf"
+        if data is not None:
+            path.write_bytes(data)
+            return path
+        write_gguf(path, arch)
+        if cut is not None:
+            path.write_bytes(path.read_bytes()[:cut(path.stat().st_size)])
+        return path
+    return build
+
+
+def _sharded(good, tmp_path):
+    folder = copy_of(good, tmp_path)
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"model.norm.weight": "model-00002-of-00002.safetensors"}}))
+    return folder
+
+
+_DELETE = object()
+GARBAGE = bytes(range(7, 256)) * 20
+
+BROKEN = {  # name -> (build(good, tmp_path) -> path, regex of the message after "<path>: ")
+    "no config.json": (_remove("config.json"), r"no config\.json in this folder .*"),
+    "no weights": (_remove("model.safetensors"), r"no weights \(\*\.safetensors\)"),
+    "no tokenizer": (_remove("tokenizer.json"),
+                     r"no tokenizer \(none of tokenizer\.json, tokenizer\.model, vocab\.json\)"),
+    "garbage weights": (_replace("model.safetensors", GARBAGE),
+                        r"not a safetensors file, or truncated: its first 8 bytes announce a \d+-byte "
+                        r"header, the file has 4980 bytes"),
+    "weights cut in the header": (_replace("model.safetensors", lambda f: f.read_bytes()[:100]),
+                                  r"not a safetensors file, or truncated: .*, the file has 100 bytes"),
+    "weights cut in the data": (_replace("model.safetensors", lambda f: f.read_bytes()[:-1000]),
+                                r"truncated: its tensors end at byte (\d+), the file has \d+ bytes"),
+    "empty weights": (_replace("model.safetensors", b""), r"empty file \(0 bytes\)"),
+    "missing shard": (_sharded, r"lists model-00002-of-00002\.safetensors, which is not in .*"),
+    "config not JSON": (_replace("config.json", b'{"model_type": "llama",'), r"not valid JSON \(.*\)"),
+    "config a list": (_replace("config.json", b"[1, 2]"), r"must be a JSON object, got list"),
+    "config without hidden_size": (_config_edit(hidden_size=_DELETE), r"hidden_size is missing"),
+    "config hidden_size a string": (_config_edit(hidden_size="64"),
+                                    r"hidden_size='64' must be an integer.*"),
+    "config layers 0": (_config_edit(num_hidden_layers=0), r"num_hidden_layers=0 must be .*>= 1.*"),
+    "config flag a string": (_config_edit(tie_word_embeddings="no"),
+                             r"tie_word_embeddings='no' must be True or False.*"),
+    "config gpt2": (_config_edit(model_type="gpt2"),
+                    r"model_type='gpt2'; the engine runs llama, mistral, qwen2, qwen3"),
+    "config linear rope": (_config_edit(rope_scaling={"rope_type": "linear", "factor": 2.0}),
+                           r"rope scaling 'linear' is not supported \(default or llama3\)"),
+    "config against weights": (_config_edit(intermediate_size=96),
+                               r"the weights do not match config\.json: "
+                               r"model\.layers\.0\.mlp\.down_proj\.weight is \(64, 128\), the config says "
+                               r"\(64, 96\), .*"),
+    "garbage gguf": (_gguf(data=GARBAGE), r"not a GGUF file \(it starts with .*, not b'GGUF'\)"),
+    "gguf cut in the header": (_gguf(cut=lambda n: 500),
+                               r"truncated or damaged \(500 bytes\): the gguf reader cannot map its tensors"),
+    "gguf cut in the data": (_gguf(cut=lambda n: n // 2), r"truncated or damaged \(\d+ bytes\): .*"),
+    "gguf cut by one byte": (_gguf(cut=lambda n: n - 1), r"truncated or damaged \(\d+ bytes\): .*"),
+    "gguf without tokenizer": (_gguf(), r"no tokenizer in the GGUF metadata \(tokenizer\.ggml\.\*\)"),
+    "safetensors file given": (lambda g, t: copy_of(g, t) / "model.safetensors",
+                               r"one file of a model folder: pass the folder that holds it"),
+}
+
+
+def _which_file(path, message):
+    """The file the message must name: the folder, or the file in it that is broken."""
+    for name in ("config.json", "model.safetensors.index.json", "model.safetensors"):
+        if f"{path}/{name}" in message:
+            return f"{path}/{name}"
+    return str(path)
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_broken_model_is_one_line_exit_1(capsys, good, tmp_path, case):
+    build, pattern = BROKEN[case]
+    path = build(good, tmp_path)
+    code, out, err = cli(capsys, "--model", str(path), "--max-tokens", "2")
+    assert code == 1 and out == "" and len(err) == 1, err
+    named = _which_file(path, err[0])
+    assert err[0].startswith(f"{PREFIX}{named}"), err[0]
+    assert re.fullmatch(re.escape(f"{PREFIX}{named}") + r"(\s\(metadata\))?: " + pattern, err[0]), err[0]
+
+
+@pytest.mark.parametrize("case", [c for c in BROKEN if "tokenizer" not in c])
+def test_library_raises_the_same_model_load_error(good, tmp_path, case, capsys):
+    """Transformer.from_pretrained (no tokenizer involved) fails with the line the CLI prints."""
+    build, _ = BROKEN[case]
+    path = build(good, tmp_path)
+    with pytest.raises(loading.ModelLoadError) as raised:
+        Transformer.from_pretrained(path)
+    code, _, err = cli(capsys, "--model", str(path), "--max-tokens", "2")
+    assert err == [PREFIX + " ".join(str(raised.value).split())]
+
+
+def test_bin_only_folder_says_what_it_reads(capsys, good, tmp_path):
+    folder = copy_of(good, tmp_path)
+    (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
+    code, _, err = cli(capsys, "--model", str(folder))
+    assert code == 1 and err == [f"{PREFIX}{folder}: no weights (*.safetensors) (there is pytorch_model.bin: the "
+                                 "engine reads *.safetensors in a folder, or a .gguf file passed by its own path)"]
+
+
+def test_missing_paths(capsys, tmp_path, monkeypatch):
+    code, _, err = cli(capsys, "--model", str(tmp_path / "nope"))
+    assert code == 1 and err == [f"{PREFIX}no model at {tmp_path / 'nope'}: no such file or folder"]
+    monkeypatch.setenv("NANO_ENGINE_MODEL", str(tmp_path / "gone"))
+    code, _, err = cli(capsys)
+    assert code == 1 and err == [f"{PREFIX}no model at {tmp_path / 'gone'} (from $NANO_ENGINE_MODEL): "
+                                 "no such file or folder"]
+    with pytest.raises(FileNotFoundError):  # a ModelNotFoundError is also a FileNotFoundError
+        loading.resolve_model_path()
+
+
+def test_gguf_of_an_unsupported_architecture(capsys, tmp_path):
+    import gguf
+
+    writer = gguf.GGUFWriter(tmp_path / "gpt2.gguf", "gpt2")
+    writer.add_block_count(1)
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.close()
+    code, _, err = cli(capsys, "--model", str(tmp_path / "gpt2.gguf"))
+    assert code == 1 and err == [f"{PREFIX}{tmp_path / 'gpt2.gguf'}: GGUF architecture 'gpt2' is not "
+                                 "supported (supported: llama, qwen2, qwen3)"]
+
+
+def test_tokenizer_without_chat_template(capsys, good, tmp_path):
+    folder = copy_of(good, tmp_path)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    tok_config = json.loads((folder / "tokenizer_config.json").read_text())
+    tok_config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_config))
+    code, _, err = cli(capsys, "--model", str(folder))
+    assert code == 1 and err == [f"{PREFIX}{folder}: the tokenizer has no chat template "
+                                 "(chat_template.jinja, or chat_template in tokenizer_config.json)"]
+
+
+def test_any_other_failure_is_one_line_and_debug_adds_the_traceback(capsys, good, monkeypatch):
+    def boom(*args, **kwargs):
+        raise RuntimeError("out of\nmemory")
+
+    monkeypatch.setattr(Transformer, "from_pretrained", boom)
+    code, _, err = cli(capsys, "--model", str(good), "--max-tokens", "2")
+    assert code == 1 and err == [f"{PREFIX}RuntimeError: out of memory (--debug shows the traceback)"]
+    code, _, err = cli(capsys, "--model", str(good), "--max-tokens", "2", "--debug")
+    assert code == 1 and err[0] == "Traceback (most recent call last):" and "boom" in "\n".join(err)
+    assert err[-1] == f"{PREFIX}RuntimeError: out of memory"
+
+
+def test_tiny_model_runs_end_to_end(capsys, good):
+    code, out, err = cli(capsys, "--model", str(good), "--dtype", "float64", "--max-tokens", "3",
+                         "--prompt", "w1 w2 w3", "--prompt", "w4")
+    assert code == 0, err
+    assert out.startswith(f"model: {good} (llama, 2 layers, float64), loaded in ")
+    assert "2 prompts of " in out and out.rstrip().endswith("token for token")
+
+
+def test_exit_codes_of_the_real_process(tmp_path):
+    """The codes a shell sees, from a real `python -m nano_engine` (the only subprocesses here)."""
+    def run(*argv):
+        env = {k: v for k, v in os.environ.items() if k != "NANO_ENGINE_MODEL"}
+        return subprocess.run([sys.executable, "-m", "nano_engine", *argv], capture_output=True,
+                              text=True, env={**env, "NANO_ENGINE_CACHE": str(tmp_path)})
+
+    bad_arg = run("--threads", "0")
+    assert bad_arg.returncode == 2
+    assert bad_arg.stderr.splitlines()[-1] == PREFIX + "argument --threads: 0 must be at least 1"
+    missing = run("--model", str(tmp_path / "nope"))
+    assert missing.returncode == 1 and missing.stdout == ""
+    assert missing.stderr.splitlines() == [f"{PREFIX}no model at {tmp_path / 'nope'}: no such file or folder"]
