@@ -139,8 +139,8 @@ class PagedKVCache:
         shape = (num_blocks * block_size, num_kv_heads, head_dim)
         # Refuse a pool larger than memory before allocating it (K and V, every layer).
         num_bytes = 2 * num_layers * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        checks.fits_in_memory(f"a KV cache of {num_blocks} blocks x {block_size} tokens x {num_layers} layers "
-                              f"x {num_kv_heads} KV heads x head_dim {head_dim} ({dtype}, K and V)", num_bytes)
+        checks.fits_in_memory(f"a KV cache of num_blocks={num_blocks} x block_size={block_size} x {num_layers} "
+                              f"layers x {num_kv_heads} KV heads x head_dim {head_dim} ({dtype}, K and V)", num_bytes)
         self.k = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
 

@@ -107,7 +107,7 @@ def test_bad_engine_arguments(tiny):
 
 
 def test_kv_pool_larger_than_memory_is_refused_before_allocating(tiny, monkeypatch):
-    with pytest.raises(ValueError, match=r"KV cache of 1000000000 blocks .* needs 8,192,000,000,000 bytes "
+    with pytest.raises(ValueError, match=r"KV cache of num_blocks=1000000000 x block_size=16 .* needs 8,192,000,000,000 bytes "
                                          r"\(7629.39 GiB\), more than 90% of the [0-9,]+ bytes .* available"):
         LLMEngine(tiny, num_blocks=10**9)  # would be 8 TB: refused at once, nothing allocated
     cfg = tiny.config  # float64, 2 layers, 2 KV heads of 8: 2 * 2 * 16 * 4 * 2 * 8 * 8 bytes
