@@ -20,7 +20,7 @@ import math
 import numbers
 import operator
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -99,6 +99,45 @@ def token_ids(name: str, value: Any, vocab_size: int | None = None) -> list[int]
             if not 0 <= t < vocab_size:
                 raise ValueError(f"{name}[{i}]={t} is outside the vocabulary [0, {vocab_size})")
     return ids
+
+
+def instance(name: str, value: Any, cls: type | tuple[type, ...], allowed: str) -> Any:
+    """`value` if it is an instance of `cls`; else TypeError saying what is `allowed`."""
+    if not isinstance(value, cls):
+        raise TypeError(f"{name} must be {allowed}, got {_type_name(value)}")
+    return value
+
+
+def request_id(value: Any) -> str:
+    """A request id: a non-empty str (vLLM's ids are strings; an int is refused, not converted)."""
+    if not isinstance(value, str):
+        raise TypeError(f"request_id={value!r} must be a str (request ids are strings, as in vLLM), "
+                        f"got {_type_name(value)}")
+    if not value:
+        raise ValueError("request_id='' must be a non-empty string")
+    return value
+
+
+def prompt_batch(prompts: Any, sampling_params: Any, params_cls: type) -> list:
+    """Check generate()'s arguments; returns one sampling params (or None) per prompt."""
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (Sequence, torch.Tensor, np.ndarray)):
+        raise TypeError(f"prompts must be a list of prompts (each a list of token ids or a 1-D integer "
+                        f"tensor), got {_type_name(prompts)}")
+    if isinstance(prompts, (torch.Tensor, np.ndarray)) and prompts.ndim != 2:
+        raise TypeError(f"prompts as a tensor must be 2-D (one prompt per row), got shape {tuple(prompts.shape)}")
+    if len(prompts) and all(isinstance(p, (int, np.integer)) for p in prompts):
+        raise TypeError("prompts must be a list of prompts, got a list of ints: for one prompt, pass [prompt_ids]")
+    if sampling_params is None or isinstance(sampling_params, params_cls):
+        return [sampling_params] * len(prompts)
+    if not isinstance(sampling_params, Sequence) or isinstance(sampling_params, (str, bytes)):
+        raise TypeError(f"sampling_params must be a SamplingParams, a list of them (one per prompt) or None, "
+                        f"got {_type_name(sampling_params)}")
+    if len(sampling_params) != len(prompts):
+        raise ValueError(f"{len(sampling_params)} sampling params for {len(prompts)} prompts")
+    for i, sp in enumerate(sampling_params):
+        if sp is not None:
+            instance(f"sampling_params[{i}]", sp, params_cls, "a SamplingParams")
+    return list(sampling_params)
 
 
 def memory_available() -> int | None:

@@ -16,7 +16,6 @@ from collections import deque
 from dataclasses import dataclass, fields
 from typing import Sequence
 
-import numpy as np
 import torch
 
 from . import checks
@@ -51,15 +50,13 @@ class LLMEngine:
     def __init__(self, model: Transformer, tokenizer=None, config: EngineConfig | None = None,
                  scheduler_cls: type[Scheduler] = Scheduler, **kwargs):
         """`scheduler_cls` swaps in another Scheduler (a learner's, in the exercises)."""
-        if not isinstance(model, Transformer):
-            raise TypeError(f"model must be a nano_engine Transformer (Transformer.from_pretrained(path) or "
-                            f"nano_engine.tiny.tiny_model()), got {type(model).__name__}")
+        checks.instance("model", model, Transformer, "a nano_engine Transformer (Transformer.from_pretrained(path) "
+                        "or nano_engine.tiny.tiny_model())")
         if isinstance(tokenizer, (EngineConfig, dict)):
             raise TypeError("the second argument is the tokenizer: pass settings as config=EngineConfig(...) "
                             "or as keywords")
-        if config is not None and not isinstance(config, EngineConfig):
-            raise TypeError(f"config must be an EngineConfig or None, got {type(config).__name__}; or pass the "
-                            f"settings as keywords, e.g. LLMEngine(model, max_num_batched_tokens=64)")
+        checks.instance("config", config, (EngineConfig, type(None)), "an EngineConfig or None (or pass the "
+                        "settings as keywords, e.g. LLMEngine(model, max_num_batched_tokens=64))")
         if config is not None and kwargs:
             raise ValueError("pass either config or keyword settings, not both")
         allowed = [f.name for f in fields(EngineConfig)]
@@ -102,9 +99,8 @@ class LLMEngine:
         return self._add(prompt_ids, sampling_params, request_id, priority, arrival_time, "prompt_ids")
 
     def _add(self, prompt_ids, sampling_params, request_id, priority, arrival_time, name: str) -> str:
-        params = SamplingParams() if sampling_params is None else sampling_params
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"sampling_params must be a SamplingParams or None, got {type(params).__name__}")
+        params = checks.instance("sampling_params", sampling_params, (SamplingParams, type(None)),
+                                 "a SamplingParams or None") or SamplingParams()
         ids = checks.token_ids(name, prompt_ids, self.model.config.vocab_size)
         if not ids:
             raise ValueError(f"{name} is empty: a request needs at least one prompt token")
@@ -122,7 +118,7 @@ class LLMEngine:
                 auto += 1
             rid = str(auto)
         else:
-            rid = self._check_id(request_id)
+            rid = checks.request_id(request_id)
             if rid in self.requests:
                 state = "finished but not released" if self.requests[rid].is_finished else "unfinished"
                 raise ValueError(f"request_id={rid!r} is already in use ({state}); release() a finished "
@@ -137,17 +133,8 @@ class LLMEngine:
         self._added.append(rid)
         return rid
 
-    @staticmethod
-    def _check_id(request_id) -> str:
-        if not isinstance(request_id, str):
-            raise TypeError(f"request_id={request_id!r} must be a str (request ids are strings, as in vLLM), "
-                            f"got {type(request_id).__name__}")
-        if not request_id:
-            raise ValueError("request_id='' must be a non-empty string")
-        return request_id
-
     def _get(self, request_id) -> Request:
-        req = self.requests.get(self._check_id(request_id))
+        req = self.requests.get(checks.request_id(request_id))
         if req is None:
             raise KeyError(f"no request with id {request_id!r} (released, or never added)")
         return req
@@ -270,23 +257,7 @@ class LLMEngine:
         All or nothing: if a prompt is refused or a step raises, every request of this call is aborted
         and released before the exception leaves.
         """
-        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (Sequence, torch.Tensor, np.ndarray)):
-            raise TypeError(f"prompts must be a list of prompts (each a list of token ids or a 1-D integer "
-                            f"tensor), got {type(prompts).__name__}")
-        if isinstance(prompts, (torch.Tensor, np.ndarray)) and prompts.ndim != 2:
-            raise TypeError(f"prompts as a tensor must be 2-D (one prompt per row), got shape {tuple(prompts.shape)}")
-        if len(prompts) and all(isinstance(p, (int, np.integer)) for p in prompts):
-            raise TypeError("prompts must be a list of prompts, got a list of ints: for one prompt, pass [prompt_ids]")
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            sampling_params = [sampling_params] * len(prompts)
-        elif not isinstance(sampling_params, Sequence) or isinstance(sampling_params, (str, bytes)):
-            raise TypeError(f"sampling_params must be a SamplingParams, a list of them (one per prompt) or None, "
-                            f"got {type(sampling_params).__name__}")
-        if len(sampling_params) != len(prompts):
-            raise ValueError(f"{len(sampling_params)} sampling params for {len(prompts)} prompts")
-        for i, sp in enumerate(sampling_params):
-            if sp is not None and not isinstance(sp, SamplingParams):
-                raise TypeError(f"sampling_params[{i}] must be a SamplingParams, got {type(sp).__name__}")
+        sampling_params = checks.prompt_batch(prompts, sampling_params, SamplingParams)
         ids: list[str] = []
         try:
             for i, (p, sp) in enumerate(zip(prompts, sampling_params)):

@@ -90,7 +90,8 @@ def test_engine_config_accepts_numpy_integers(tiny):
 
 
 def test_bad_engine_arguments(tiny):
-    with pytest.raises(TypeError, match=r"config must be an EngineConfig or None, got dict.*as keywords"):
+    with pytest.raises(TypeError, match=r"config must be an EngineConfig or None \(or pass the settings as "
+                                        r"keywords.*got dict"):
         LLMEngine(tiny, config={"num_blocks": 8})
     with pytest.raises(TypeError, match=r"model must be a nano_engine Transformer.*got NoneType"):
         LLMEngine(None)
@@ -107,7 +108,8 @@ def test_bad_engine_arguments(tiny):
 
 
 def test_kv_pool_larger_than_memory_is_refused_before_allocating(tiny, monkeypatch):
-    with pytest.raises(ValueError, match=r"KV cache of num_blocks=1000000000 x block_size=16 .* needs 8,192,000,000,000 bytes "
+    with pytest.raises(ValueError, match=r"KV cache of num_blocks=1000000000 x block_size=16 .* "
+                                         r"needs 8,192,000,000,000 bytes "
                                          r"\(7629.39 GiB\), more than 90% of the [0-9,]+ bytes .* available"):
         LLMEngine(tiny, num_blocks=10**9)  # would be 8 TB: refused at once, nothing allocated
     cfg = tiny.config  # float64, 2 layers, 2 KV heads of 8: 2 * 2 * 16 * 4 * 2 * 8 * 8 bytes
