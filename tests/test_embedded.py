@@ -48,7 +48,7 @@ def test_identity_check_three_configs(model, prompts):
 def test_identity_check_in_bfloat16(prompts):
     """bfloat16 keeps the identity too, against generate in bfloat16: every kernel the engine
     batches gives each request the bits it gets alone (see mini_llm.linear and attention)."""
-    bf16 = Transformer.from_pretrained(dtype=torch.bfloat16)
+    bf16 = Transformer.from_pretrained(dtype="bf16")  # a name works as well as torch.bfloat16
     result = identity_check(bf16, prompts, max_tokens=24)
     print(result.table())
     assert [r.identical for r in result.rows] == [True, True, True]
