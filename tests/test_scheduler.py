@@ -1,6 +1,19 @@
-"""Scripted scheduling scenarios: who gets how many tokens, whom a preemption hits, when admission stops."""
+"""Scripted scheduling scenarios: who gets how many tokens, whom a preemption hits, when admission stops.
+
+Each scenario is built so that the decision it checks could go the other way: a step that preempts
+has a request that could be admitted, a waiting queue holds several requests (front and back
+differ), priority order differs from admission order, a victim sits earlier in the running queue
+than the request that needs the blocks and was already scheduled in that step.
+"""
+
+import itertools
+
+import pytest
 
 from nano_engine import BlockPool, Request, SamplingParams, Scheduler, SchedulerConfig
+from nano_engine.paged import block_hashes
+
+_arrivals = itertools.count()  # distinct prompts and a strictly growing arrival time across a test
 
 
 def make(policy="fcfs", num_blocks=64, block_size=4, prefix_caching=True, **kw):
@@ -8,9 +21,9 @@ def make(policy="fcfs", num_blocks=64, block_size=4, prefix_caching=True, **kw):
 
 
 def add(s, rid, n_prompt, max_tokens=8, priority=0, t=None):
-    req = Request(rid, list(range(1 + 100 * len(s.waiting), 1 + 100 * len(s.waiting) + n_prompt)),
-                  SamplingParams(max_tokens=max_tokens), priority=priority,
-                  arrival_time=float(len(s.waiting)) if t is None else t, seq=len(s.waiting))
+    k = next(_arrivals)
+    req = Request(rid, list(range(1000 * k + 1, 1000 * k + 1 + n_prompt)), SamplingParams(max_tokens=max_tokens),
+                  priority=priority, arrival_time=float(k) if t is None else t, seq=k)
     s.add_request(req)
     return req
 
@@ -25,6 +38,14 @@ def advance(out, token=7):
 
 def plan(out):
     return [(c.request.request_id, c.n, c.kind) for c in out.chunks]
+
+
+def preempted(out):
+    return [r.request_id for r in out.preempted]
+
+
+def ids(queue):
+    return [r.request_id for r in queue]
 
 
 def test_chunked_prefill_rides_along_with_decodes():
@@ -54,18 +75,46 @@ def test_without_chunking_a_prompt_that_does_not_fit_waits():
     assert plan(s2.schedule()) == [("a", 6, "prefill")]  # b does not fit; fcfs: c waits behind it
 
 
-def test_preempts_the_tail_and_admits_nobody_in_that_step():
-    s = make(num_blocks=4, block_size=4, max_num_batched_tokens=32)
-    add(s, "a", 8), add(s, "b", 3)
-    c = add(s, "c", 1)
+def _tail_preemption(policy="fcfs"):
+    """Five blocks of 4, budget 8, two running at most. a (4 + 10) and c (8 + 10) run; d and e wait
+    behind max_num_seqs. In step 5 a needs a third block; the tail c (3 blocks) is preempted."""
+    s = make(policy, num_blocks=5, block_size=4, max_num_batched_tokens=8, max_num_seqs=2)
+    a, c = add(s, "a", 4, max_tokens=10), add(s, "c", 8, max_tokens=10)
+    for step in range(5):
+        if step == 1:
+            add(s, "d", 1, max_tokens=10), add(s, "e", 2, max_tokens=10)
+        out = s.schedule()
+        assert not out.preempted
+        advance(out)
+    return s, a, c
+
+
+def test_preempts_the_tail_to_the_front_of_a_waiting_queue_and_admits_nobody_in_that_step():
+    s, a, c = _tail_preemption()
+    assert ids(s.waiting) == ["d", "e"]
     out = s.schedule()
-    assert plan(out) == [("a", 8, "prefill"), ("b", 3, "prefill"), ("c", 1, "prefill")]
+    assert preempted(out) == ["c"] and plan(out) == [("a", 1, "decode")]
+    # Two blocks are free, 7 tokens of budget are left, one seat: c could come back with a 7-token
+    # chunk right away. It must not: memory is short, admitting now would thrash.
+    assert s.pool.num_free == 2 and len(s.running) == 1
+    assert ids(s.waiting) == ["c", "d", "e"], "the victim goes to the FRONT of the waiting queue"
+    assert c.num_computed == 0 and c.num_preemptions == 1 and not c.block_ids and c.status.value == "waiting"
     advance(out)
-    # 4 blocks: a holds 2, b 1, c 1. a needs a third block for its 9th token: preempt the tail, c.
+    out = s.schedule()  # the victim is the first to come back, before d and e
+    assert plan(out) == [("a", 1, "decode"), ("c", 7, "recompute")]
+
+
+def test_priority_preemption_admits_nobody_not_even_a_more_urgent_newcomer():
+    s = make("priority", num_blocks=5, block_size=4, max_num_batched_tokens=8, max_num_seqs=3)
+    add(s, "a", 4, max_tokens=10, priority=1), add(s, "c", 8, max_tokens=10, priority=2)
+    for _ in range(5):
+        advance(s.schedule())
+    add(s, "d", 1, max_tokens=10, priority=0)  # fits the 2 free blocks and the budget left
     out = s.schedule()
-    assert [r.request_id for r in out.preempted] == ["c"]
-    assert plan(out) == [("a", 1, "decode"), ("b", 1, "decode")]
-    assert s.waiting[0] is c and c.num_computed == 0 and c.num_preemptions == 1 and not c.block_ids
+    assert preempted(out) == ["c"] and plan(out) == [("a", 1, "decode")]
+    assert ids(s.waiting) == ["c", "d"]  # the victim at the front; by priority d goes first
+    advance(out)
+    assert plan(s.schedule()) == [("a", 1, "decode"), ("d", 1, "prefill")]  # then d, before c
 
 
 def test_victim_is_the_request_being_scheduled_stops_the_pass():
@@ -73,8 +122,8 @@ def test_victim_is_the_request_being_scheduled_stops_the_pass():
     add(s, "a", 3, max_tokens=2), add(s, "b", 8, max_tokens=2)
     advance(s.schedule())  # a: 1 block, b: 2 blocks, pool empty
     out = s.schedule()  # a's 4th token fits its block; b needs a 3rd block: the tail is b itself
-    assert [r.request_id for r in out.preempted] == ["b"]
-    assert plan(out) == [("a", 1, "decode")] and s.running == [s.running[0]]
+    assert preempted(out) == ["b"]
+    assert plan(out) == [("a", 1, "decode")] and ids(s.running) == ["a"]
 
 
 def test_recompute_after_preemption_is_labelled_recompute():
@@ -83,8 +132,7 @@ def test_recompute_after_preemption_is_labelled_recompute():
     advance(s.schedule())
     out = s.schedule()
     advance(out)
-    assert [r.request_id for r in out.preempted] == ["c"]
-    # The next steps decode a and b; c returns once a block is free again.
+    assert preempted(out) == ["c"]
     for r in list(s.running):
         s.finish(r, "length")
     assert plan(s.schedule()) == [("c", 2, "recompute")]
@@ -97,27 +145,111 @@ def test_max_num_seqs_caps_admission():
     assert [rid for rid, _, _ in plan(s.schedule())] == ["a", "b"]
 
 
-def test_prefix_cache_hit_starts_at_the_hit_and_leaves_the_last_token():
+def test_prefix_cache_hit_is_reused_not_recomputed():
     s = make(block_size=4, max_num_batched_tokens=64)
     a = add(s, "a", 9)
-    out = s.schedule()
-    advance(out)
-    s.pool.cache_blocks(a.block_ids, s.hashes(a, 2))
-    twin = Request("b", list(a.prompt_ids[:8]), SamplingParams(max_tokens=4), seq=5, arrival_time=9.0)
+    advance(s.schedule())
+    s.pool.cache_blocks(a.block_ids, s.hashes(a, 2))  # the engine names a's two full blocks
+    twin = Request("twin", list(a.prompt_ids[:8]), SamplingParams(max_tokens=4), seq=500, arrival_time=500.0)
     s.add_request(twin)
+    other = add(s, "other", 100)
     out = s.schedule()
-    assert plan(out)[-1] == ("b", 4, "prefill")  # 8 tokens: 1 cached block (not 2: one token must run)
+    chunk = next(c for c in out.chunks if c.request is twin)
+    # 8 tokens: 1 cached block (not 2: the last token must run to give logits). The chunk starts
+    # at the hit, the budget pays only for the 4 tokens computed, the block is shared.
+    assert (chunk.start, chunk.n, twin.num_computed) == (4, 4, 4)
     assert twin.num_cached_tokens == 4 and twin.block_ids[0] == a.block_ids[0]
+    assert s.pool.ref_count[a.block_ids[0]] == 2
+    assert plan(out) == [("a", 1, "decode"), ("twin", 4, "prefill"), ("other", 64 - 1 - 4, "prefill")]
+    assert other.num_computed == 0
 
 
-def test_priority_orders_waiting_and_preempts_the_least_urgent():
-    s = make(policy="priority", num_blocks=4, block_size=4, max_num_batched_tokens=32)
+def test_finished_blocks_join_the_free_queue_tail_first():
+    s = make(num_blocks=4, block_size=4, max_num_batched_tokens=64)
+    a = add(s, "a", 12, max_tokens=1)
+    advance(s.schedule())
+    s.pool.cache_blocks(a.block_ids, s.hashes(a, 3))
+    head, middle, tail = a.block_ids
+    s.finish(a, "length")
+    # The never-used block goes first, then a's tail: the shared prefix at its head is evicted last.
+    assert list(s.pool.free_queue)[-3:] == [tail, middle, head]
+    b = add(s, "b", 8)  # a new prompt takes two blocks: the never-used one and a's tail
+    advance(s.schedule())
+    assert sorted(b.block_ids) == sorted(set(range(4)) - {head, middle})
+    assert s.pool.lookup(s.hashes(a, 2)) == [head, middle]
+
+
+def test_a_preempted_request_frees_its_blocks_tail_first():
+    s, a, c = _tail_preemption()
+    blocks = list(c.block_ids)
+    s.schedule()  # preempts c; a takes the first block freed: c's tail
+    assert a.block_ids[-1] == blocks[-1]
+    assert list(s.pool.free_queue) == blocks[:-1][::-1]
+
+
+def test_priority_orders_waiting_by_priority_not_by_arrival():
+    s = make(policy="priority", num_blocks=16, block_size=4, max_num_batched_tokens=32)
     add(s, "low", 4, priority=5), add(s, "high", 4, priority=0), add(s, "mid", 7, priority=1)
-    out = s.schedule()
-    assert [rid for rid, _, _ in plan(out)] == ["high", "mid", "low"][: len(out.chunks)]
+    assert plan(s.schedule()) == [("high", 4, "prefill"), ("mid", 7, "prefill"), ("low", 4, "prefill")]
+
+
+def _victim_before_the_requester(policy):
+    """The victim sits at the head of the running queue and was already scheduled in this step.
+
+    priority: low (priority 5) arrives first and runs alone; urgent, c and d arrive a step later.
+    In step 2 c needs a second block: the least urgent, low, is at index 0 and already got its token.
+    conservative: a, b, c, d start together; in step 1 c needs a second block; the victim is the
+    decode with the least output and then the longest prompt: a, at index 0, already scheduled.
+    """
+    if policy == "priority":
+        s = make("priority", num_blocks=5, block_size=4, max_num_batched_tokens=8)
+        add(s, "low", 4, max_tokens=10, priority=5)
+        advance(s.schedule())
+        add(s, "urgent", 1, max_tokens=10, priority=0), add(s, "c", 4, max_tokens=10, priority=1)
+        add(s, "d", 10, max_tokens=10, priority=2)
+        out = s.schedule()
+        assert plan(out) == [("low", 1, "decode"), ("urgent", 1, "prefill"), ("c", 4, "prefill"),
+                             ("d", 2, "prefill")]
+    else:
+        s = make("conservative", num_blocks=5, block_size=4, max_num_batched_tokens=16)
+        for rid, n in [("a", 7), ("b", 1), ("c", 4), ("d", 2)]:
+            add(s, rid, n, max_tokens=2)
+        out = s.schedule()
+        assert [rid for rid, _, _ in plan(out)] == ["a", "b", "c", "d"]
+    assert s.pool.num_free == 0
     advance(out)
+    return s
+
+
+def test_priority_victim_earlier_in_the_queue_gives_its_tokens_back_and_nobody_is_skipped():
+    s = _victim_before_the_requester("priority")
+    low = s.running[0]
     out = s.schedule()
-    assert [r.request_id for r in out.preempted] == ["low"]
+    # low's decode is taken back (1 token returns to the budget: 8 - 1 - 1 = 6 for d), and the
+    # request after c, d, still gets its turn although the queue shifted under the pass.
+    assert preempted(out) == ["low"] and low.status.value == "waiting"
+    assert plan(out) == [("urgent", 1, "decode"), ("c", 1, "decode"), ("d", 6, "prefill")]
+    assert out.num_tokens == 8
+
+
+def test_conservative_victim_earlier_in_the_queue_leaves_the_rest_their_turn():
+    s = _victim_before_the_requester("conservative")
+    out = s.schedule()
+    assert preempted(out) == ["a"]  # same output as the others, the longest prompt
+    assert plan(out) == [("b", 1, "decode"), ("c", 1, "decode"), ("d", 1, "decode")]
+
+
+def test_conservative_victim_being_scheduled_leaves_the_rest_their_turn():
+    """Conservative picks the decode with the least output, then the longest prompt: here the
+    head, while it is the request being scheduled. The request after it still runs in that step."""
+    s = make(policy="conservative", num_blocks=3, block_size=7, max_num_batched_tokens=16)
+    a, _ = add(s, "a", 14, max_tokens=2), add(s, "b", 1, max_tokens=2)
+    out = s.schedule()  # a: 14 tokens in 2 blocks, b: 1 token in the third
+    assert plan(out) == [("a", 14, "prefill"), ("b", 1, "prefill")]
+    advance(out)
+    out = s.schedule()  # a needs a third block: none. Victim: a (same output, longer prompt).
+    assert preempted(out) == ["a"] and a.num_computed == 0
+    assert plan(out) == [("b", 1, "decode")]
 
 
 def test_priority_aging_lets_an_old_request_through():
@@ -157,14 +289,15 @@ def test_conservative_admission_keeps_headroom_for_future_output():
     assert [rid for rid, _, _ in plan(fcfs.schedule())] == ["a", "b"]
 
 
-def test_a_victim_that_is_not_the_tail_leaves_the_rest_their_turn():
-    """Conservative picks the decode with the longest prompt: here the head. The request after
-    it still runs in that step (no empty step)."""
-    s = make(policy="conservative", num_blocks=3, block_size=7, max_num_batched_tokens=16)
-    a, _ = add(s, "a", 14, max_tokens=2), add(s, "b", 1, max_tokens=2)
-    out = s.schedule()  # a: 14 tokens in 2 blocks, b: 1 token in the third
-    assert plan(out) == [("a", 14, "prefill"), ("b", 1, "prefill")]
-    advance(out)
-    out = s.schedule()  # a needs a third block: none. Victim: a (same output, longer prompt).
-    assert [r.request_id for r in out.preempted] == ["a"] and a.num_computed == 0
-    assert plan(out) == [("b", 1, "decode")]
+def test_conservative_new_token_ratio_decays_each_quiet_step_and_jumps_after_a_retraction():
+    s = make(policy="conservative", num_blocks=64, max_num_batched_tokens=64, new_token_ratio_decay=0.05,
+             init_new_token_ratio=0.7, min_new_token_ratio=0.55)
+    add(s, "a", 4, max_tokens=50)
+    ratios = []
+    for _ in range(5):
+        advance(s.schedule())
+        ratios.append(s.new_token_ratio)
+    assert ratios == pytest.approx([0.65, 0.6, 0.55, 0.55, 0.55])  # down by the decay, floored
+    s = _victim_before_the_requester("conservative")
+    s.schedule()  # retracts a; b, c and d are left, 1 output each of max_tokens 2
+    assert s.new_token_ratio == pytest.approx(min(1.0, (3 + 20 * 3) / 6))
