@@ -33,6 +33,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from . import checks
 from .paged import BlockPool, block_hashes
 from .request import Request, RequestStatus
 
@@ -41,10 +42,10 @@ POLICIES = ("fcfs", "priority", "conservative", "static")
 
 @dataclass
 class SchedulerConfig:
-    max_num_batched_tokens: int = 256
-    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 256  # the token budget of one step
+    max_num_seqs: int = 16  # requests running at once
     enable_chunked_prefill: bool = True
-    policy: str = "fcfs"
+    policy: str = "fcfs"  # one of POLICIES
     priority_aging: float = 0.0  # priority levels gained per step waited ("priority" only)
     init_new_token_ratio: float = 0.7  # SGLang's defaults ("conservative" only)
     min_new_token_ratio: float = 0.1
@@ -52,17 +53,21 @@ class SchedulerConfig:
     retract_decode_steps: int = 20
 
     def __post_init__(self):
-        for name in ("max_num_batched_tokens", "max_num_seqs", "retract_decode_steps"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name}={v!r} must be an integer >= 1")
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy={self.policy!r} is not one of {POLICIES}")
-        if self.priority_aging < 0:
-            raise ValueError(f"priority_aging={self.priority_aging} must be >= 0")
-        if not 0 < self.min_new_token_ratio <= self.init_new_token_ratio <= 1:
-            raise ValueError(f"need 0 < min_new_token_ratio ({self.min_new_token_ratio}) <= "
-                             f"init_new_token_ratio ({self.init_new_token_ratio}) <= 1")
+        self.max_num_batched_tokens = checks.integer("max_num_batched_tokens", self.max_num_batched_tokens, minimum=1)
+        self.max_num_seqs = checks.integer("max_num_seqs", self.max_num_seqs, minimum=1)
+        self.enable_chunked_prefill = checks.flag("enable_chunked_prefill", self.enable_chunked_prefill)
+        self.policy = checks.choice("policy", self.policy, POLICIES)
+        self.priority_aging = checks.number("priority_aging", self.priority_aging, minimum=0)
+        self.init_new_token_ratio = checks.number("init_new_token_ratio", self.init_new_token_ratio,
+                                                  minimum=0, maximum=1, exclusive_minimum=True)
+        self.min_new_token_ratio = checks.number("min_new_token_ratio", self.min_new_token_ratio,
+                                                 minimum=0, maximum=1, exclusive_minimum=True)
+        if self.min_new_token_ratio > self.init_new_token_ratio:
+            raise ValueError(f"min_new_token_ratio={self.min_new_token_ratio!r} must be <= "
+                             f"init_new_token_ratio={self.init_new_token_ratio!r}")
+        self.new_token_ratio_decay = checks.number("new_token_ratio_decay", self.new_token_ratio_decay,
+                                                   minimum=0, maximum=1)
+        self.retract_decode_steps = checks.integer("retract_decode_steps", self.retract_decode_steps, minimum=1)
         if self.policy == "static":
             self.enable_chunked_prefill = False  # static batching prefills whole prompts
 
@@ -106,11 +111,14 @@ class Scheduler:
                 f"request {req.request_id!r} can never fit: prompt {req.num_prompt_tokens} + max_tokens "
                 f"{req.sampling_params.max_tokens} needs {need} blocks of {bs} tokens, the pool has "
                 f"{self.pool.num_blocks}")
-        if not cfg.enable_chunked_prefill and req.max_kv_tokens + 1 > cfg.max_num_batched_tokens:
+        if not cfg.enable_chunked_prefill and req.max_kv_tokens > cfg.max_num_batched_tokens:
+            # Its largest step: the recompute of everything after a preemption just before its
+            # last token. The last sampled token is never fed back, hence the - 1.
             raise ValueError(
-                f"request {req.request_id!r} can never be scheduled without chunked prefill: it may "
-                f"need {req.max_kv_tokens + 1} tokens in one step (prompt + output, after a "
-                f"preemption), above max_num_batched_tokens={cfg.max_num_batched_tokens}")
+                f"request {req.request_id!r} can never be scheduled without chunked prefill: it may need "
+                f"prompt {req.num_prompt_tokens} + max_tokens {req.sampling_params.max_tokens} - 1 = "
+                f"{req.max_kv_tokens} tokens in one step (a recompute after a preemption), above "
+                f"max_num_batched_tokens={cfg.max_num_batched_tokens}")
         self._arrival_step[req.request_id] = self.num_steps
         self.waiting.append(req)
 
