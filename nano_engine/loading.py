@@ -160,9 +160,13 @@ def check_model(path: str | os.PathLike | None = None, tokenizer: bool = True) -
         if tokenizer:
             check_tokenizer_files(path)
         return path
+    cache = cache_dir(path)
+    if (cache / "model.safetensors").is_file() and (
+            not tokenizer or (cache / "tokenizer_config.json").is_file()):
+        return path  # converted before from this very file (the cache key is its content)
     from . import gguf_loader
 
-    reader = gguf_loader.open_gguf(path)
+    reader = gguf_loader.open_gguf(path)  # seconds for a real model: its vocabulary is metadata
     if tokenizer and not gguf_loader.has_tokenizer(reader):
         raise ModelLoadError(f"{path}: no tokenizer in the GGUF metadata (tokenizer.ggml.*)")
     return path
@@ -206,9 +210,12 @@ def load_tokenizer(path: str | os.PathLike | None = None):
         return _auto_tokenizer(path, path)
     cache = cache_dir(path)
     if not (cache / "tokenizer_config.json").is_file():
-        check_model(path, tokenizer=True)
         # Building a tokenizer from GGUF metadata takes seconds; the saved one loads at once.
-        tok = _auto_tokenizer(path, path.parent, gguf_file=path.name)
+        try:
+            tok = _auto_tokenizer(path, path.parent, gguf_file=path.name)
+        except ModelLoadError:
+            check_model(path)  # a file without a tokenizer, or a damaged one, says so
+            raise
         _publish(tok.save_pretrained, cache, last="tokenizer_config.json")
     return _auto_tokenizer(path, cache)
 

@@ -79,6 +79,8 @@ def test_second_load_comes_from_cache(embedded, monkeypatch):
         raise AssertionError("the GGUF file was converted again")
 
     monkeypatch.setattr(gguf_loader, "convert_gguf", no_conversion)
+    monkeypatch.setattr(gguf_loader, "open_gguf", no_conversion)  # parsing it takes seconds
+    assert loading.check_model(path, tokenizer=False) == path
     cfg2, state2 = loading.load_checkpoint(path)
     assert cfg2 == cfg and state2.keys() == state.keys()
     assert all(torch.equal(state[k], state2[k]) for k in state)
@@ -269,3 +271,13 @@ def test_from_pretrained_refuses_other_dtypes_before_loading(hf_folder, monkeypa
     with pytest.raises(error) as raised:
         Transformer.from_pretrained(hf_folder, dtype=dtype)
     assert str(raised.value).startswith(message)
+
+
+def test_gguf_without_tokenizer_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("NANO_ENGINE_CACHE", str(tmp_path / "cache"))
+    write_gguf(tmp_path / "tiny.gguf")
+    message = f"{tmp_path / 'tiny.gguf'}: no tokenizer in the GGUF metadata (tokenizer.ggml.*)"
+    for load in (loading.load_tokenizer, loading.check_model):
+        with pytest.raises(loading.ModelLoadError) as raised:
+            load(tmp_path / "tiny.gguf")
+        assert str(raised.value) == message
