@@ -1,6 +1,6 @@
 """A long life in bounded memory: one engine serving 20,000 requests over 100,000 steps.
 
-    nice .venv/bin/python bench/long_life.py                       # about 3 minutes on one core
+    nice .venv/bin/python bench/long_life.py                       # about 4 minutes on one core
     .venv/bin/python bench/long_life.py --requests 2000 --steps 10000
 
 A server runs one engine for days, so nothing may grow with the number of steps or requests
