@@ -7,12 +7,14 @@ caching, serving a real chat model on a CPU. The names a notebook needs are expo
 from .engine import EngineConfig, LLMEngine, StepRecord
 from .mini_llm import ModelConfig, Transformer, generate
 from .paged import BlockPool, PagedKVCache
+from .policies import ConservativeScheduler, PriorityScheduler, StaticScheduler, scheduler_class
 from .request import Request, RequestStatus, SamplingParams
 from .runner import Batch, ModelRunner, SeqChunk, build_batch
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 
 __all__ = [
-    "Batch", "BlockPool", "EngineConfig", "LLMEngine", "ModelConfig", "ModelRunner", "PagedKVCache",
-    "Request", "RequestStatus", "SamplingParams", "Scheduler", "SchedulerConfig", "SchedulerOutput",
-    "SeqChunk", "StepRecord", "Transformer", "build_batch", "generate",
+    "Batch", "BlockPool", "ConservativeScheduler", "EngineConfig", "LLMEngine", "ModelConfig", "ModelRunner",
+    "PagedKVCache", "PriorityScheduler", "Request", "RequestStatus", "SamplingParams", "Scheduler",
+    "SchedulerConfig", "SchedulerOutput", "SeqChunk", "StaticScheduler", "StepRecord", "Transformer",
+    "build_batch", "generate", "scheduler_class",
 ]

@@ -21,6 +21,7 @@ import torch
 from . import checks
 from .mini_llm import Transformer
 from .paged import BlockPool
+from .policies import scheduler_class
 from .request import Request, RequestStatus, SamplingParams
 from .runner import ModelRunner, SeqChunk, build_batch
 from .sampling import sample
@@ -48,8 +49,9 @@ class EngineConfig(SchedulerConfig):
 
 class LLMEngine:
     def __init__(self, model: Transformer, tokenizer=None, config: EngineConfig | None = None,
-                 scheduler_cls: type[Scheduler] = Scheduler, **kwargs):
-        """`scheduler_cls` swaps in another Scheduler (a learner's, in the exercises)."""
+                 scheduler_cls: type[Scheduler] | None = None, **kwargs):
+        """`scheduler_cls` swaps in another Scheduler (a learner's, in the exercises); by default
+        the config's policy picks it (policies.scheduler_class)."""
         checks.instance("model", model, Transformer, "a nano_engine Transformer (Transformer.from_pretrained(path) "
                         "or nano_engine.tiny.tiny_model())")
         if isinstance(tokenizer, (EngineConfig, dict)):
@@ -63,13 +65,14 @@ class LLMEngine:
         unknown = sorted(set(kwargs) - set(allowed))
         if unknown:
             raise TypeError(f"unknown engine settings {unknown}; allowed: {', '.join(allowed)}")
-        if not isinstance(scheduler_cls, type):
+        if scheduler_cls is not None and not isinstance(scheduler_cls, type):
             raise TypeError(f"scheduler_cls must be a class (a Scheduler subclass), got {scheduler_cls!r}")
         self.config = config or EngineConfig(**kwargs)
         self.model, self.tokenizer = model, tokenizer
         # The KV cache first: it refuses a pool larger than memory before anything is allocated.
         self.runner = ModelRunner(model, self.config.num_blocks, self.config.block_size)
         self.block_pool = BlockPool(self.config.num_blocks, self.config.enable_prefix_caching)
+        scheduler_cls = scheduler_cls or scheduler_class(self.config.policy)
         self.scheduler = scheduler_cls(self.config.scheduler_config(), self.block_pool, self.config.block_size)
         eos = model.config.eos_token_id
         self.eos_token_ids = {eos} if isinstance(eos, int) else set(eos or ())

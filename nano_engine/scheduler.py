@@ -6,25 +6,20 @@ Each step hands out at most `max_num_batched_tokens` tokens so that requests cat
 
 1. First the running requests, in the running queue's order (they already hold KV). Each gets
    min(behind, budget left) tokens and the blocks to hold them. When blocks run out, preempt a
-   victim (vLLM: the tail of the running queue, the most recently admitted): free its blocks, set
+   victim (the tail of the running queue, the most recently admitted): free its blocks, set
    num_computed to 0, put it at the front of the waiting queue. If the victim is the request
-   being scheduled, it gets nothing (under fcfs it is the tail, so the pass ends).
+   being scheduled, it gets nothing, and the pass ends (it was the tail).
 2. Then the waiting requests, but only if nothing was preempted in this step (memory is short:
    admitting more would thrash), while budget is left and fewer than `max_num_seqs` run. A
    request starts from its longest prefix-cache hit; without chunked prefill one that does not
    fit the budget waits; one whose blocks cannot be had waits.
 
-Policies: "fcfs" (vLLM's default), "priority" (vLLM's SchedulingPolicy.PRIORITY: waiting ordered
-by (priority, arrival), victim = the running request with the largest (priority, arrival); with
-`priority_aging` > 0, each step waited lowers a request's priority value, so none starves),
-"conservative" (SGLang's admission: admit only with headroom for the estimated remaining output
-of everyone, remaining x `new_token_ratio`; when memory runs short retract the decode with the
-least output and raise the ratio), and "static" (the baseline: a new batch is admitted only when
-the running one has finished, never chunked).
+`Scheduler` is this algorithm only (vLLM's default policy, fcfs), to be read next to the chapter's
+pseudo-code. Other policies are subclasses in policies.py overriding its hooks (next_waiting,
+select_victim, can_admit, after_running_pass); `SchedulerConfig.policy` picks the class.
 
 Mirrors `vllm/v1/core/sched/scheduler.py` (Scheduler.schedule, _preempt_request,
-update_from_output) and `vllm/v1/core/kv_cache_manager.py` (get_computed_blocks, allocate_slots);
-SGLang's `srt/managers/schedule_policy.py` (PrefillAdder) and `schedule_batch.py` (retract_decode).
+update_from_output) and `vllm/v1/core/kv_cache_manager.py` (get_computed_blocks, allocate_slots).
 """
 
 from __future__ import annotations
@@ -37,7 +32,7 @@ from . import checks
 from .paged import BlockPool, block_hashes
 from .request import Request, RequestStatus
 
-POLICIES = ("fcfs", "priority", "conservative", "static")
+POLICIES = ("fcfs", "priority", "conservative", "static")  # their classes: policies.scheduler_class
 
 
 @dataclass
@@ -91,6 +86,14 @@ class SchedulerOutput:
 
 
 class Scheduler:
+    def __new__(cls, config: SchedulerConfig | None = None, *args, **kwargs):
+        """`Scheduler(config, ...)` with another policy builds that policy's class (policies.py)."""
+        if cls is Scheduler and config is not None and config.policy != "fcfs":
+            from .policies import scheduler_class
+
+            cls = scheduler_class(config.policy)
+        return super().__new__(cls)
+
     def __init__(self, config: SchedulerConfig, block_pool: BlockPool, block_size: int):
         self.config = config
         self.pool = block_pool
@@ -98,7 +101,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_steps = 0
-        self.new_token_ratio = config.init_new_token_ratio
+        self.new_token_ratio = config.init_new_token_ratio  # SGLang's estimate: only "conservative" moves it
         self._arrival_step: dict[str, int] = {}
 
     # ----- requests in and out -----
@@ -155,29 +158,6 @@ class Scheduler:
             req.block_hashes = block_hashes(req.all_token_ids, self.block_size, num_blocks)
         return req.block_hashes[:num_blocks]
 
-    # ----- policy -----
-    def priority_key(self, req: Request):
-        """Sort key: smaller is served first and preempted last."""
-        if self.config.policy == "priority":
-            return (req.priority - self.config.priority_aging * self.steps_waited(req), req.arrival_time, req.seq)
-        return (req.arrival_time, req.seq)
-
-    def steps_waited(self, req: Request) -> int:
-        """Steps since the request was added; a preemption does not reset it (aging counts from arrival)."""
-        return self.num_steps - self._arrival_step.get(req.request_id, self.num_steps)
-
-    def next_waiting(self) -> Request:
-        if self.config.policy == "priority":
-            return min(self.waiting, key=self.priority_key)
-        return self.waiting[0]
-
-    def select_victim(self) -> Request:
-        if self.config.policy == "priority":
-            return max(self.running, key=self.priority_key)
-        if self.config.policy == "conservative":  # SGLang: least output first, then longest prompt
-            return min(self.running, key=lambda r: (len(r.output_ids), -r.num_prompt_tokens))
-        return self.running[-1]  # the tail: the most recently admitted
-
     def preempt(self, req: Request) -> None:
         """Recompute preemption: drop all KV, go back to the front of the waiting queue."""
         self.running.remove(req)
@@ -188,16 +168,36 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         self.waiting.appendleft(req)
 
-    def reserved_tokens(self, req: Request) -> float:
-        """SGLang's estimate of the KV a request will still need for its output."""
-        return (req.sampling_params.max_tokens - len(req.output_ids)) * self.new_token_ratio
+    def steps_waited(self, req: Request) -> int:
+        """Steps since the request was added; a preemption does not reset it (aging counts from arrival)."""
+        return self.num_steps - self._arrival_step.get(req.request_id, self.num_steps)
+
+    # ----- the policy's hooks: vLLM's fcfs here, the others in policies.py -----
+    def priority_key(self, req: Request):
+        """Sort key: smaller is served first and preempted last. Under fcfs: arrival order."""
+        return (req.arrival_time, req.seq)
+
+    def next_waiting(self) -> Request:
+        """The waiting request to admit next: the front of the queue."""
+        return self.waiting[0]
+
+    def select_victim(self) -> Request:
+        """The running request to preempt when blocks run out: the tail, the most recently admitted."""
+        return self.running[-1]
+
+    def can_admit(self, req: Request, n: int) -> bool:
+        """Whether to admit `req` with a first chunk of n tokens, before its blocks are taken."""
+        return True
+
+    def after_running_pass(self, out: SchedulerOutput) -> None:
+        """Called between the running pass and the waiting pass (out holds this step's preemptions)."""
 
     # ----- one step -----
     def schedule(self) -> SchedulerOutput:
         cfg = self.config
         budget = cfg.max_num_batched_tokens
         out = SchedulerOutput()
-        scheduled: dict[int, ScheduledChunk] = {}  # id(request) -> its chunk
+        scheduled: dict[int, ScheduledChunk] = {}  # id(request) -> its chunk in this step
 
         # First, the running requests.
         i = 0
@@ -205,37 +205,24 @@ class Scheduler:
             req = self.running[i]
             n = min(req.num_behind, budget)
             while not self.allocate_slots(req, req.num_computed + n):
-                victim = self.select_victim()
-                if self.running.index(victim) < i:
+                victim = self.select_victim()  # the tail; other policies may pick one ahead of req
+                if self.running.index(victim) < i:  # ahead of req: req moves up one place
                     i -= 1
-                if id(victim) in scheduled:  # already scheduled in this step: take its tokens back
+                if id(victim) in scheduled:  # already scheduled in this step: its tokens come back
                     budget += scheduled.pop(id(victim)).n
                 self.preempt(victim)
                 out.preempted.append(victim)
-                if victim is req:
-                    # It left the running queue, so index i now names the request after it. Under
-                    # fcfs the victim is the tail and the pass ends; under the other policies the
-                    # requests after it keep their turn (vLLM's priority mode stops instead, which
-                    # can leave a step with nothing scheduled).
-                    break
+                if victim is req:  # it gets nothing; under fcfs it was the tail, so the pass ends
+                    break  # (other policies: the requests after it keep their turn)
             else:
                 scheduled[id(req)] = ScheduledChunk(req, req.num_computed, n, req.chunk_kind(req.num_computed))
                 budget -= n
                 i += 1
-
-        if out.preempted and cfg.policy == "conservative":
-            left = self.running
-            decoded = sum(len(r.output_ids) for r in left)
-            max_new = sum(r.sampling_params.max_tokens for r in left) or 1
-            self.new_token_ratio = min(1.0, (decoded + cfg.retract_decode_steps * len(left)) / max_new)
-        elif cfg.policy == "conservative":
-            self.new_token_ratio = max(cfg.min_new_token_ratio, self.new_token_ratio - cfg.new_token_ratio_decay)
+        self.after_running_pass(out)
 
         # Next, the waiting requests: only in a step that preempted nobody.
-        admit = not out.preempted and not (cfg.policy == "static" and self.running)
         num_admitted = 0
-        headroom = self.pool.num_free * self.block_size - sum(map(self.reserved_tokens, self.running))
-        while admit and self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+        while not out.preempted and self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = self.next_waiting()
             # The longest cached prefix, in full blocks, leaving at least the last token to compute.
             hit = self.pool.lookup(self.hashes(req, (req.num_tokens - 1) // self.block_size))
@@ -244,10 +231,8 @@ class Scheduler:
             if not cfg.enable_chunked_prefill and n > budget:
                 break
             n = min(n, budget)
-            need = n + self.reserved_tokens(req)
-            if cfg.policy == "conservative" and self.running and need > headroom:
-                break  # no room for what it and the running requests will still write
-            headroom -= need
+            if not self.can_admit(req, n):
+                break
             self.pool.touch(hit)
             req.block_ids, req.num_computed = list(hit), num_hit
             if not self.allocate_slots(req, num_hit + n):
