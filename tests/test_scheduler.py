@@ -301,3 +301,21 @@ def test_conservative_new_token_ratio_decays_each_quiet_step_and_jumps_after_a_r
     s = _victim_before_the_requester("conservative")
     s.schedule()  # retracts a; b, c and d are left, 1 output each of max_tokens 2
     assert s.new_token_ratio == pytest.approx(min(1.0, (3 + 20 * 3) / 6))
+
+
+def test_the_policy_picks_the_class_and_a_learners_subclass_stays_itself(tiny):
+    from nano_engine import ConservativeScheduler, LLMEngine, PriorityScheduler, StaticScheduler, scheduler_class
+
+    classes = {"fcfs": Scheduler, "priority": PriorityScheduler, "conservative": ConservativeScheduler,
+               "static": StaticScheduler}
+    for policy, cls in classes.items():
+        assert scheduler_class(policy) is cls
+        assert type(make(policy)) is cls  # Scheduler(config) builds the policy's class
+        assert type(LLMEngine(tiny, policy=policy).scheduler) is cls
+    with pytest.raises(ValueError, match=r"policy='lifo' is not one of"):
+        scheduler_class("lifo")
+
+    class Mine(Scheduler):  # a learner's class runs as written, whatever the policy
+        pass
+
+    assert type(LLMEngine(tiny, policy="priority", scheduler_cls=Mine).scheduler) is Mine
