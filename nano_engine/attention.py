@@ -152,8 +152,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
     The same operations as mini_llm.attention for one query row, so that a request gets the same
     result alone and padded into a group: scores in score_dtype (float64 for 2-byte models),
-    softmax in float32 at least, then the probabilities in the model's dtype times V, accumulated
-    in float32 by the matmul.
+    softmax in float32 at least, then the probabilities rounded to the model's dtype times V,
+    accumulated in score_dtype (padding adds exact zeros, in any order).
     """
     D, L = group.num_seqs, group.length
     nkv, hd = k_cache.shape[1], k_cache.shape[2]
@@ -162,15 +162,16 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     n = D * nkv * L * hd
     k, v = buffers.get(n, dtype)
     k = gather_rows(k_cache.view(-1, hd), group.kv_index, k.view(-1, hd))
-    v = gather_rows(v_cache.view(-1, hd), group.kv_index, v.view(-1, hd)).view(D * nkv, L, hd)
+    v = gather_rows(v_cache.view(-1, hd), group.kv_index, v.view(-1, hd))
     if dtype != sd:
-        k = buffers.get(n, sd)[0].view(-1, hd).copy_(k)
-    k = k.view(D * nkv, L, hd)
+        k_sd, v_sd = buffers.get(n, sd)
+        k, v = k_sd.view(-1, hd).copy_(k), v_sd.view(-1, hd).copy_(v)
+    k, v = k.view(D * nkv, L, hd), v.view(D * nkv, L, hd)
     q = q.to(sd).reshape(D * nkv, nh // nkv, hd)  # the query heads sharing each KV head
     scores = torch.bmm(q, k.transpose(1, 2)).mul_(hd ** -0.5)
     scores = scores.to(work).view(D, nkv, -1, L) + group.bias  # (D, nkv, nh/nkv, L)
-    probs = scores.softmax(dim=-1).to(dtype).view(D * nkv, -1, L)
-    return torch.bmm(probs, v).view(D, nh, hd)
+    probs = scores.softmax(dim=-1).to(dtype).to(sd).view(D * nkv, -1, L)
+    return torch.bmm(probs, v).view(D, nh, hd).to(dtype)
 
 
 def paged_attention(plan: AttentionPlan, k_cache: torch.Tensor, v_cache: torch.Tensor,

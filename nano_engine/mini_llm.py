@@ -342,7 +342,10 @@ def score_dtype(dtype: torch.dtype) -> torch.dtype:
     magnitudes, is a sum of head_dim of them; then no matrix-multiply blocking can change a bit of
     a score. In float32 a score's last bits depend on how many keys share the call (measured here:
     oneDNN takes other code paths at other widths), and after rounding to bfloat16 that can change
-    a token.
+    a token. The same holds for probabilities x V, a sum over the keys: a bfloat16 matmul
+    accumulates it in float32 in an order that, on CPUs without native bfloat16 (AVX2), depends on
+    the padded number of keys, so it too runs in this dtype (the probabilities are rounded to the
+    model's dtype first, as PyTorch's kernels would).
     """
     return torch.float64 if dtype in (torch.bfloat16, torch.float16) else torch.promote_types(dtype, torch.float32)
 
@@ -364,7 +367,7 @@ def attention(q, k, v, num_cached: int) -> torch.Tensor:
     the keys it can see only, which skips most of the masked half.
 
     Precision as in PyTorch's kernels or better: scores and softmax in float32 at least, then the
-    probabilities in the model's dtype times V (accumulated in float32 by the matmul).
+    probabilities rounded to the model's dtype times V, accumulated in score_dtype.
     Grouped-query attention: the nh / nkv query heads that share a KV head are stacked as rows of
     one matmul against that head's keys, so K and V are never repeated.
     """
@@ -374,7 +377,7 @@ def attention(q, k, v, num_cached: int) -> torch.Tensor:
     sd, work = score_dtype(dtype), torch.promote_types(dtype, torch.float32)
     qh = q.to(sd).view(T, nkv, g, hd).transpose(0, 1)  # (nkv, T, g, hd)
     kh = torch.empty(nkv, L, hd, dtype=sd).copy_(k.transpose(0, 1))  # head-major, contiguous
-    vh = torch.empty(nkv, L, hd, dtype=dtype).copy_(v.transpose(0, 1))
+    vh = torch.empty(nkv, L, hd, dtype=sd).copy_(v.transpose(0, 1))
     out = torch.empty(T, nh, hd, dtype=dtype)
     for a in range(0, T, ATTENTION_BLOCK):
         b = min(T, a + ATTENTION_BLOCK)
@@ -384,7 +387,7 @@ def attention(q, k, v, num_cached: int) -> torch.Tensor:
         if n > 1:  # row i of the block sees keys 0..num_cached + a + i
             hidden = torch.arange(end)[None, :] > torch.arange(num_cached + a, end)[:, None]  # (n, end)
             scores.masked_fill_(hidden[None, :, None, :], float("-inf"))
-        probs = scores.softmax(dim=-1).to(dtype).view(nkv, n * g, end)
+        probs = scores.softmax(dim=-1).to(dtype).to(sd).view(nkv, n * g, end)
         out[a:b] = torch.bmm(probs, vh[:, :end]).view(nkv, n, g, hd).transpose(0, 1).reshape(n, nh, hd)
     return out
 
