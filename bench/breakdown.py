@@ -73,7 +73,7 @@ def main(argv=None) -> int:
             totals[group_of(ev.key)] += ev.self_cpu_time_total / 1e6
         ops = sum(totals.values())
         totals["Python and dispatch (wall minus operators)"] = max(wall - ops, 0.0)
-        steps = len(system.last_engine.step_log)
+        steps = system.last_engine.stats.steps
         print(f"\n{dt}, {w.name}: {steps} steps in {wall:.2f} s under the profiler", flush=True)
         for group, secs in sorted(totals.items(), key=lambda kv: -kv[1]):
             print(f"  {group:<46} {secs:6.2f} s {secs / wall:6.1%}  {secs / steps * 1e3:6.1f} ms/step")
