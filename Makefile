@@ -4,7 +4,7 @@ PY := .venv/bin/python
 # (the tests run two workers on two cores).
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: setup run test bench bench-peers lab book
+.PHONY: setup run test bench bench-peers lab book mutants
 
 setup:
 	bash scripts/setup.sh
@@ -38,3 +38,8 @@ bench: setup
 # Adds the llama.cpp peer (llama-cpp-python compiles llama.cpp: several minutes, once).
 bench-peers: setup
 	$(PY) -m pip install --quiet -e '.[bench]'
+
+# Mutation testing of nano_engine/ against the unit and property tests (long; not part of CI).
+# MUTANTS='nano_engine.scheduler.*' limits it to one module (scripts/mutants.sh says more).
+mutants: setup
+	MUTANTS="$(MUTANTS)" bash scripts/mutants.sh
