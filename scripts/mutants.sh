@@ -3,8 +3,8 @@
 # comparison, an off-by-one, a dropped call, a changed constant) and runs, for each mutant, the
 # unit and property tests that reach the mutated function. A mutant that no test kills
 # ("survived") is a behaviour the tests do not pin down. Long (hours on 2 cores: run one module at
-# a time with MUTANTS), so it
-# is not part of CI. Results are kept in mutants/; a second run only tests what changed.
+# a time with MUTANTS), so it is not part of CI. Results are kept in mutants/; a second run only
+# tests what changed.
 #   make mutants                                   # every module of nano_engine/
 #   make mutants MUTANTS='nano_engine.scheduler.*'  # one module (mutmut's name patterns)
 #   .venv/bin/mutmut show NAME                     # the diff of one surviving mutant
