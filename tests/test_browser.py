@@ -176,10 +176,17 @@ def image_bytes(page: Page) -> bytes:
     return page.locator("img.widget-image").first.screenshot()
 
 
-def wait_for_new_figure(page: Page, summary_before: str) -> None:
+def wait_for_new_figure(page: Page, summary_before: str, src_before: str | None) -> None:
     expect(page.locator(".widget-html-content").filter(has_text="budget").first).not_to_have_text(
         summary_before, timeout=300_000)
-    page.wait_for_timeout(500)  # the Image widget's new src is set in the same update
+    # The Image widget gets its new picture (a new blob URL) in the same update, but the browser
+    # may draw it later than the text on a loaded machine: wait for the new src, then a moment.
+    expect(page.locator("img.widget-image").first).not_to_have_attribute("src", src_before or "", timeout=60_000)
+    page.wait_for_timeout(500)
+
+
+def figure_src(page: Page) -> str | None:
+    return page.locator("img.widget-image").first.get_attribute("src")
 
 
 def test_timeline_widget_switches_methods_and_budget(lab, browser):
@@ -195,18 +202,18 @@ def test_timeline_widget_switches_methods_and_budget(lab, browser):
     assert "static batching" in states["static"][0]
 
     for name, label in [("continuous", "continuous, no chunking"), ("chunked", "continuous + chunked prefill")]:
-        before = summary.inner_text()
+        before, src = summary.inner_text(), figure_src(page)
         page.locator("button.widget-toggle-button", has_text=label).first.click()
-        wait_for_new_figure(page, before)
+        wait_for_new_figure(page, before, src)
         states[name] = (summary.inner_text(), image_bytes(page))
         screenshot(page, f"{len(states)}_{name}.png")
         assert label in states[name][0]
 
     # The budget slider: one step to the left with the keyboard, as a learner would.
-    before = summary.inner_text()
+    before, src = summary.inner_text(), figure_src(page)
     page.locator(".widget-slider .noUi-handle").first.focus()
     page.keyboard.press("ArrowLeft")
-    wait_for_new_figure(page, before)
+    wait_for_new_figure(page, before, src)
     states["smaller budget"] = (summary.inner_text(), image_bytes(page))
     screenshot(page, "4_chunked_smaller_budget.png")
 
