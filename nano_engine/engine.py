@@ -142,11 +142,13 @@ class LLMEngine:
             raise KeyError(f"no request with id {request_id!r} (released, or never added)")
         return req
 
-    def abort(self, request_id: str) -> None:
-        """Stop a request and free everything it holds (nothing happens if it has finished)."""
+    def abort(self, request_id: str, finish_reason: str = "abort") -> None:
+        """Stop a request and free everything it holds (nothing happens if it has finished).
+        finish_reason "stop": the caller found a stop string in its text (async_engine.py)."""
         req = self._get(request_id)
+        finish_reason = checks.choice("finish_reason", finish_reason, ("abort", "stop"))
         if not req.is_finished:
-            self.scheduler.finish(req, "abort")
+            self.scheduler.finish(req, finish_reason)
             if request_id in self._added:  # no step has seen it: it leaves no trace in the log
                 self._added.remove(request_id)
             else:

@@ -103,6 +103,9 @@ class Scheduler:
         self.num_steps = 0
         self.new_token_ratio = config.init_new_token_ratio  # SGLang's estimate: only "conservative" moves it
         self._arrival_step: dict[str, int] = {}
+        # Prompt tokens looked up in the prefix cache at admission, and those found: vLLM's
+        # prefix_cache_queries / prefix_cache_hits (vllm/v1/core/kv_cache_manager.py, PrefixCacheStats).
+        self.prefix_cache_queries = self.prefix_cache_hits = 0
 
     # ----- requests in and out -----
     def add_request(self, req: Request) -> None:
@@ -244,6 +247,8 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = num_hit
+            self.prefix_cache_queries += req.num_tokens
+            self.prefix_cache_hits += num_hit
             scheduled[id(req)] = ScheduledChunk(req, num_hit, n, req.chunk_kind(num_hit))
             budget -= n
             num_admitted += 1

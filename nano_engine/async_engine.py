@@ -1,0 +1,293 @@
+"""The async engine: one LLMEngine serving many concurrent callers.
+
+A server answers requests on an asyncio event loop, while one forward pass of the model blocks for
+tens to hundreds of milliseconds. So the engine loop runs in its own thread, as vLLM's `AsyncLLM`
+runs its EngineCore in a separate process (`vllm/v1/engine/async_llm.py`, `core_client.py`):
+
+* callers never touch the `LLMEngine`: `add_request` and aborts become commands in a queue, which
+  the engine thread applies between two steps (vLLM: requests enter the core between steps too);
+* the engine thread steps while any request is unfinished and otherwise sleeps on a condition
+  variable until a command arrives (no busy spin);
+* after each step it turns every request's new tokens into a `RequestOutput` (new token ids, new
+  text, their times) and hands it to that request's asyncio queue, on the caller's event loop
+  (`loop.call_soon_threadsafe`: asyncio objects are not thread-safe);
+* text is made by an `IncrementalDetokenizer` per request (detokenizer.py), which also finds stop
+  strings; a request whose text hit one is finished with "stop" at once (vLLM's OutputProcessor
+  does this in `vllm/v1/engine/output_processor.py`, then aborts the request in the core);
+* a caller that stops listening (a closed stream, a cancelled task, a client gone) aborts its
+  request, so its blocks come back; a finished request is released from the engine right after
+  its last output, so a server that runs for days holds only the requests in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, Sequence
+
+from .detokenizer import IncrementalDetokenizer, check_stop
+from .engine import LLMEngine
+from .request import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RequestOutput:
+    """What one step added to one request (vLLM's RequestOutput in DELTA mode)."""
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    token_times: list[float]  # time.perf_counter() when each new token was sampled
+    num_prompt_tokens: int
+    num_cached_tokens: int  # prompt tokens found in the prefix cache at admission
+    num_output_tokens: int  # all output tokens so far
+    arrival_time: float  # time.perf_counter() when the request was added
+    finished: bool = False
+    finish_reason: str | None = None  # "stop", "length", "abort" or "error"
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread is gone (shut down, or it crashed): no request can be served."""
+
+
+@dataclass
+class _Stream:
+    """The engine thread's view of one caller."""
+    request_id: str
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    detokenizer: IncrementalDetokenizer | None
+    num_sent: int = 0  # output tokens already handed out
+    stop_reason: str | int | None = None
+
+
+class RequestStream:
+    """The outputs of one request, as an async iterator. Leaving it early aborts the request:
+    use `async with`, or call `abort()` in a `finally`."""
+
+    def __init__(self, owner: "AsyncLLM", request_id: str, queue: asyncio.Queue):
+        self.request_id, self._owner, self._queue = request_id, owner, queue
+        self.finished = False
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        out = await self._queue.get()
+        if isinstance(out, BaseException):
+            self.finished = True
+            raise out
+        self.finished = out.finished
+        return out
+
+    def abort(self) -> None:
+        """Stop the request and free its blocks (nothing happens once it has finished)."""
+        if not self.finished:
+            self.finished = True
+            self._owner._submit(("abort", self.request_id))
+
+    async def __aenter__(self) -> "RequestStream":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.abort()
+
+
+class AsyncLLM:
+    """Serve one LLMEngine to concurrent asyncio callers from an engine thread.
+
+    `on_output(output)` is called in the engine thread for every output (the
+    server's metrics use it). `shutdown()` stops the thread; unfinished requests end with "abort".
+    """
+
+    def __init__(self, engine: LLMEngine, tokenizer=None,
+                 on_output: Callable[[RequestOutput], None] | None = None):
+        if not isinstance(engine, LLMEngine):
+            raise TypeError(f"engine must be an LLMEngine, got {type(engine).__name__}")
+        self.engine = engine
+        self.tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
+        # Fast tokenizers are not safe to call from two threads at once ("Already borrowed"):
+        # the server encodes on the event loop while the engine thread decodes.
+        self.tokenizer_lock = threading.Lock()
+        self.on_output = on_output
+        self._cond = threading.Condition()
+        self._commands: deque = deque()
+        self._streams: dict[str, _Stream] = {}  # engine thread only
+        self._ids = itertools.count()
+        self._stopping = False
+        self.dead: BaseException | None = None  # why the engine thread stopped, if it did
+        self.num_wakeups = 0  # turns of the engine loop: flat while idle (no busy spin)
+        self._thread = threading.Thread(target=self._run, name="nano_engine-core", daemon=True)
+        self._thread.start()
+
+    # ----- the callers' side (event loop) -----
+    async def add_request(self, prompt_ids: Sequence[int], sampling_params: SamplingParams | None = None,
+                          request_id: str | None = None, *, priority: int = 0, stop: Sequence[str] | str = (),
+                          include_stop_str_in_output: bool = False) -> RequestStream:
+        """Queue a request; returns its stream once the engine has accepted it. Raises the engine's
+        TypeError / ValueError for a request it refuses (nothing is queued then)."""
+        stop = check_stop(stop)
+        if stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer (the engine has none)")
+        self._check_alive()
+        loop = asyncio.get_running_loop()
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        queue: asyncio.Queue = asyncio.Queue()
+        accepted = loop.create_future()
+        detok = (IncrementalDetokenizer(self.tokenizer, stop, include_stop_str_in_output)
+                 if self.tokenizer is not None else None)
+        stream = _Stream(request_id, loop, queue, detok)
+        self._submit(("add", stream, (prompt_ids, sampling_params, request_id, priority), accepted))
+        try:
+            await accepted
+        except asyncio.CancelledError:
+            self._submit(("abort", request_id))  # it may have been added meanwhile
+            raise
+        return RequestStream(self, request_id, queue)
+
+    async def generate(self, prompt_ids: Sequence[int], sampling_params: SamplingParams | None = None,
+                       request_id: str | None = None, **kwargs) -> AsyncIterator[RequestOutput]:
+        """add_request, then its outputs; the request is aborted if the caller stops early."""
+        stream = await self.add_request(prompt_ids, sampling_params, request_id, **kwargs)
+        async with stream:
+            async for out in stream:
+                yield out
+
+    def _submit(self, command: tuple) -> None:
+        with self._cond:
+            self._commands.append(command)
+            self._cond.notify()
+
+    def _check_alive(self) -> None:
+        if self.dead is not None or self._stopping:
+            raise EngineDeadError(f"the engine is not running ({self.dead or 'shut down'})")
+
+    @property
+    def num_streams(self) -> int:
+        return len(self._streams)
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the engine thread after its current step; unfinished requests end with "abort"."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    # ----- the engine thread -----
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not (self._commands or self._stopping or self.engine.has_unfinished()):
+                        self._cond.wait()
+                    if self._stopping:
+                        break
+                    self.num_wakeups += 1
+                    commands = list(self._commands)
+                    self._commands.clear()
+                for command in commands:
+                    self._apply(command)
+                if self.engine.has_unfinished():
+                    try:
+                        self.engine.step()
+                    except Exception:  # the engine finished that step's requests with "error"
+                        logger.exception("engine step %d failed", self.engine.stats.steps - 1)
+                self._publish()
+        except BaseException as e:  # a bug here: callers must not wait forever
+            self.dead = e
+            logger.exception("the engine thread died")
+        finally:
+            self._close_all()
+
+    def _apply(self, command: tuple) -> None:
+        if command[0] == "abort":
+            if command[1] in self.engine.requests:
+                self.engine.abort(command[1])
+            return
+        _, stream, (prompt_ids, params, request_id, priority), accepted = command
+        try:
+            self.engine.add_request(prompt_ids, params, request_id, priority=priority)
+        except Exception as e:
+            stream.loop.call_soon_threadsafe(_settle, accepted, e)
+            return
+        self._streams[request_id] = stream
+        stream.loop.call_soon_threadsafe(_settle, accepted, None)
+
+    def _publish(self) -> None:
+        """Hand every request's new tokens (and text) to its caller; release the finished."""
+        for rid, stream in list(self._streams.items()):
+            req = self.engine.requests[rid]
+            new_ids = req.output_ids[stream.num_sent:]
+            if not new_ids and not req.is_finished:
+                continue
+            text = ""
+            if stream.detokenizer is not None and stream.stop_reason is None:
+                with self.tokenizer_lock:
+                    hit = stream.detokenizer.update(new_ids)
+                if hit is not None:  # a stop string in the text: finish now, no more tokens
+                    stream.stop_reason = hit
+                    self.engine.abort(rid, finish_reason="stop")
+                text = stream.detokenizer.take_delta(finished=req.is_finished)
+            elif stream.detokenizer is not None:
+                text = stream.detokenizer.take_delta(finished=True)
+            sp = req.sampling_params
+            if req.finish_reason == "stop" and stream.stop_reason is None and req.output_ids:
+                last = req.output_ids[-1]
+                eos = last in self.engine.eos_token_ids and not sp.ignore_eos
+                stream.stop_reason = None if eos else last  # vLLM: a stop token's id, None for EOS
+            out = RequestOutput(
+                rid, list(new_ids), text, list(req.token_times[stream.num_sent:]), req.num_prompt_tokens,
+                max(req.num_cached_tokens, 0), len(req.output_ids), req.arrival_time,
+                req.is_finished, req.finish_reason, stream.stop_reason if req.is_finished else None)
+            stream.num_sent = len(req.output_ids)
+            if req.is_finished:
+                self.engine.release(rid)
+                del self._streams[rid]
+            self._deliver(stream, out)
+
+    def _deliver(self, stream: _Stream, item) -> None:
+        if self.on_output is not None and isinstance(item, RequestOutput):
+            try:
+                self.on_output(item)
+            except Exception:
+                logger.exception("on_output failed")
+        try:
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+        except RuntimeError:  # the caller's event loop is closed: nobody is listening
+            if item is not None and not getattr(item, "finished", True) and stream.request_id in self.engine.requests:
+                self.engine.abort(stream.request_id)
+
+    def _close_all(self) -> None:
+        """On shutdown (or a crash): abort what is left, tell every caller, refuse queued adds."""
+        for command in list(self._commands):
+            if command[0] == "add":
+                command[1].loop.call_soon_threadsafe(
+                    _settle, command[3], EngineDeadError("the engine shut down before the request was added"))
+        self._commands.clear()
+        for rid in list(self._streams):
+            try:
+                self.engine.abort(rid)
+            except Exception:
+                logger.exception("abort of %s during shutdown failed", rid)
+        self._publish()
+
+
+def _settle(future: asyncio.Future, error: BaseException | None) -> None:
+    if future.done():  # the caller was cancelled meanwhile
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+__all__ = ["AsyncLLM", "EngineDeadError", "RequestOutput", "RequestStream"]
