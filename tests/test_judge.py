@@ -61,6 +61,12 @@ MUTANT_PHRASES = {
                                        "arrival_time 2, seq 0); among equal priorities the earlier arrival_time",
     "130_key_without_seq.py": "with equal priority and equal arrival_time, seq (the order they were added) decides: "
                               "the larger seq is preempted first",
+    "132_tpot_divides_by_output_tokens.py": "(E2EL - TTFT) / (output_tokens - 1)",
+    "132_itl_includes_ttft.py": "TTFT is not an inter-token gap",
+    "132_percentile_nearest_rank.py": "interpolate linearly",
+    "132_failed_counted_in_throughput.py": "failed requests are counted in `failed` and left out",
+    "132_goodput_strictly_below_slo.py": "value <= the SLO",
+    "132_duration_from_first_start.py": "the duration you are given",
 }
 # Where the mistake shows first: a case that only a random scenario catches must stay caught there.
 MUTANT_CASES = {
@@ -71,13 +77,13 @@ MUTANT_CASES = {
 GRADED_APART = {"129_loops_when_blocks_run_out.py", "129_raises.py"}
 
 
-@pytest.mark.parametrize("number", [126, 127, 128, 129, 130, 131])
+@pytest.mark.parametrize("number", [126, 127, 128, 129, 130, 131, 132])
 def test_reference_passes_every_case(number):
     result = grade(number, reference=True)
     assert result.ok and result.passed == len(result.cases) > 0, result.report()
 
 
-@pytest.mark.parametrize("number", [126, 127, 128, 129, 130, 131])
+@pytest.mark.parametrize("number", [126, 127, 128, 129, 130, 131, 132])
 def test_untouched_starter_is_not_attempted(number):
     result = grade(number)
     assert [c.status for c in result.cases] == ["not attempted"] * len(result.cases)
