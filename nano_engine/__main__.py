@@ -1,4 +1,6 @@
 """`python -m nano_engine`: the scheduler chapter's identity check on the embedded model.
+(`python -m nano_engine serve` starts the OpenAI-compatible server, serve_cli.py;
+`python -m nano_engine bench-serve` is the load generator, loadgen.py.)
 
 Generates each chat prompt alone with `mini_llm.generate`, then through the engine with
 defaults, a 32-token budget and a 64-token budget with 10 KV blocks; prints the table, the first
@@ -115,15 +117,29 @@ def run(ap: argparse.ArgumentParser, args) -> int:
     return 0
 
 
+SUBCOMMANDS = {"serve": "serve_cli", "bench-serve": "loadgen"}  # python -m nano_engine NAME ...
+
+
 def main(argv=None) -> int:
-    ap, args = build_parser(), None
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        import importlib
+
+        return importlib.import_module(f".{SUBCOMMANDS[argv[0]]}", __package__).main(argv[1:])
+    return guarded(build_parser(), argv, run)
+
+
+def guarded(ap: argparse.ArgumentParser, argv, run_fn) -> int:
+    """Parse argv and run; every failure becomes one line on stderr and an exit status."""
+    args = None
+    prog = ap.prog
     try:
         args = ap.parse_args(argv)
-        return run(ap, args)
+        return run_fn(ap, args)
     except SystemExit as e:  # argparse has printed the usage and the error (2), or the help (0)
         return e.code if isinstance(e.code, int) else 2
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
         from .loading import ModelLoadError
@@ -135,7 +151,7 @@ def main(argv=None) -> int:
         text = " ".join(str(e).split()) or "(no message)"
         hint = "" if debug else " (--debug shows the traceback)"
         what = text if isinstance(e, ModelLoadError) else f"{type(e).__name__}: {text}{hint}"
-        print(f"{PROG}: error: {what}", file=sys.stderr)
+        print(f"{prog}: error: {what}", file=sys.stderr)
         return 1
 
 

@@ -1,0 +1,116 @@
+"""`python -m nano_engine serve`: the OpenAI-compatible server on one model, with vLLM's flag names.
+
+    python -m nano_engine serve --port 8000 --max-num-batched-tokens 128 --no-enable-prefix-caching
+
+The engine flags are spelled as `vllm serve` spells them (`vllm/engine/arg_utils.py`, EngineArgs),
+so a command line moves between the two; `--num-gpu-blocks-override` (vLLM's name) sets the number
+of KV blocks here too (there is no GPU: the pool is in CPU memory). It listens on 127.0.0.1 unless
+told otherwise, and stops on Ctrl-C or SIGTERM after the step in flight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+
+PROG = "python -m nano_engine serve"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+
+
+def _positive_int(text: str) -> int:
+    from .__main__ import _positive_int as check
+
+    return check(text)
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port (0-65535; 0 = any free port)")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .engine import EngineConfig
+    from .loading import DTYPES
+    from .scheduler import POLICIES
+
+    d = EngineConfig()
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    ap.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0 = any free port)")
+    ap.add_argument("--model", help="a Hugging Face folder or a .gguf file (default: $NANO_ENGINE_MODEL, "
+                                    "else the embedded SmolLM2-135M-Instruct)")
+    ap.add_argument("--served-model-name", help="the model name clients send (default: the model's name)")
+    ap.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    ap.add_argument("--max-num-batched-tokens", type=_positive_int, default=d.max_num_batched_tokens,
+                    help=f"the token budget of one step (default {d.max_num_batched_tokens})")
+    ap.add_argument("--max-num-seqs", type=_positive_int, default=d.max_num_seqs,
+                    help=f"requests running at once (default {d.max_num_seqs})")
+    ap.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
+                    default=d.enable_chunked_prefill)
+    ap.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                    default=d.enable_prefix_caching)
+    ap.add_argument("--block-size", type=_positive_int, default=d.block_size)
+    ap.add_argument("--num-gpu-blocks-override", "--num-kv-blocks", dest="num_blocks", type=_positive_int,
+                    default=d.num_blocks, help=f"KV cache blocks (default {d.num_blocks}; vLLM's name)")
+    ap.add_argument("--scheduling-policy", choices=POLICIES, default="fcfs",
+                    help="fcfs or priority as in vLLM (lower priority value first); also conservative "
+                         "(SGLang's admission) and static")
+    ap.add_argument("--threads", type=_positive_int, help="torch threads (default: torch's choice)")
+    ap.add_argument("--uvicorn-log-level", default="info",
+                    choices=["critical", "error", "warning", "info", "debug", "trace"])
+    ap.add_argument("--debug", action="store_true", help="print the traceback of a failure")
+    return ap
+
+
+def served_name(args) -> str:
+    if args.served_model_name:
+        return args.served_model_name
+    if args.model:
+        path = pathlib.Path(args.model)
+        return path.stem if path.suffix == ".gguf" else path.name or str(path)
+    return EMBEDDED_NAME
+
+
+def run(ap: argparse.ArgumentParser, args) -> int:
+    import torch
+    import uvicorn
+
+    from .async_engine import AsyncLLM
+    from .engine import EngineConfig, LLMEngine
+    from .loading import check_model, load_tokenizer
+    from .mini_llm import Transformer
+    from .server import build_app
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        config = EngineConfig(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+                              enable_chunked_prefill=args.enable_chunked_prefill,
+                              enable_prefix_caching=args.enable_prefix_caching, block_size=args.block_size,
+                              num_blocks=args.num_blocks, policy=args.scheduling_policy)
+    except ValueError as e:
+        ap.error(str(e))
+    path = check_model(args.model)
+    engine = LLMEngine(Transformer.from_pretrained(path, dtype=args.dtype), load_tokenizer(path), config)
+    llm = AsyncLLM(engine)
+    try:
+        app = build_app(llm, served_name(args))
+        server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
+                                               log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5))
+        server.run()
+    finally:
+        llm.shutdown()
+    return 0
+
+
+def main(argv=None) -> int:
+    from .__main__ import guarded
+
+    ap = build_parser()
+    return guarded(ap, argv, run)

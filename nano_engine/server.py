@@ -1,0 +1,268 @@
+"""An OpenAI-compatible HTTP server on the async engine: `python -m nano_engine serve`.
+
+FastAPI + uvicorn, the stack of vLLM's server (`vllm/entrypoints/openai/api_server.py`,
+`serving_completion.py`, `serving_chat.py`): GET /v1/models, POST /v1/completions and
+/v1/chat/completions (streamed as server-sent events, ending in `data: [DONE]`), GET /health and
+GET /metrics (serving_metrics.py). Every bad value is a 400 in OpenAI's error shape naming its
+`param`, checked before the request is queued; an unknown model is a 404. A client that goes away
+aborts its request: for a stream, Starlette cancels the response when it sees `http.disconnect`;
+for a plain response, the handler is raced against the disconnect (vLLM's `with_cancellation`,
+`vllm/entrypoints/utils.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from .async_engine import AsyncLLM, EngineDeadError, RequestOutput, RequestStream
+from .detokenizer import check_stop
+from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, check_supported, param_of,
+                       validation_error)
+from .request import SamplingParams
+from .serving_metrics import CONTENT_TYPE, ServingMetrics
+
+
+def with_cancellation(handler):
+    """Run the handler, but stop it (and so abort its request) if the client disconnects first."""
+
+    @functools.wraps(handler)
+    async def wrapper(body, raw: Request):
+        work = asyncio.ensure_future(handler(body, raw))
+        gone = asyncio.ensure_future(_disconnected(raw))
+        done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        gone.cancel()
+        if work in done:
+            return work.result()
+        work.cancel()
+        return Response(status_code=499)  # nobody reads it: the client is gone
+
+    return wrapper
+
+
+async def _disconnected(raw: Request) -> None:
+    while (await raw.receive())["type"] != "http.disconnect":
+        pass
+
+
+class OpenAIServing:
+    """Turns OpenAI requests into engine requests and engine outputs into OpenAI responses."""
+
+    def __init__(self, llm: AsyncLLM, model_name: str):
+        self.llm, self.model_name = llm, model_name
+        engine = llm.engine
+        self.tokenizer = llm.tokenizer
+        self.max_model_len = engine.model.config.max_position_embeddings
+        cfg = engine.config
+        # The most KV slots one request can hold: a default max_tokens must fit them.
+        self.capacity = cfg.num_blocks * cfg.block_size
+        if not cfg.enable_chunked_prefill:
+            self.capacity = min(self.capacity, cfg.max_num_batched_tokens)
+        self.created = int(time.time())
+
+    # ----- requests in -----
+    def _check_model(self, req) -> None:
+        if req.model is not None and req.model != self.model_name:
+            raise APIError(f"The model `{req.model}` does not exist; this server serves `{self.model_name}`",
+                           "model", 404, "NotFoundError", "model_not_found")
+
+    def _prompt_ids(self, req) -> tuple[list[int], str]:
+        with self.llm.tokenizer_lock:
+            if isinstance(req, ChatCompletionRequest):
+                messages = [{"role": m.role, "content": _text(m.content, i)} for i, m in enumerate(req.messages)]
+                try:
+                    ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+                except Exception as e:
+                    raise APIError(f"messages do not fit the model's chat template: {e}", "messages") from e
+                ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+                return [int(i) for i in ids], "messages"
+            prompt = req.prompt
+            if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+                if len(prompt) != 1:
+                    raise APIError(f"prompt is a batch of {len(prompt)} prompts: send one prompt per request",
+                                   "prompt")
+                prompt = prompt[0]
+            if isinstance(prompt, str):
+                return list(self.tokenizer(prompt)["input_ids"]), "prompt"
+            return list(prompt), "prompt"
+
+    def _sampling_params(self, req, num_prompt: int, prompt_param: str) -> tuple[SamplingParams, str]:
+        max_tokens, max_param = req.max_tokens, "max_tokens"
+        if getattr(req, "max_completion_tokens", None) is not None:
+            max_tokens, max_param = req.max_completion_tokens, "max_completion_tokens"
+        room = min(self.max_model_len - num_prompt, self.capacity - num_prompt + 1)
+        if max_tokens is None:
+            if room < 1:
+                raise APIError(f"the prompt has {num_prompt} tokens, which leaves no room for output: this "
+                               f"model's maximum context length is {self.max_model_len} tokens and the KV "
+                               f"cache holds {self.capacity} per request", prompt_param)
+            max_tokens = room  # vLLM's default: whatever the context has left
+        elif isinstance(max_tokens, int) and max_tokens >= 1 and num_prompt + max_tokens > self.max_model_len:
+            raise APIError(f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                           f"requested {num_prompt + max_tokens} tokens ({num_prompt} in the {prompt_param}, "
+                           f"{max_tokens} in the completion). Please reduce the length of the {prompt_param} "
+                           f"or {max_param}.", max_param)
+        top_k = req.top_k if req.top_k is not None else 0
+        try:
+            params = SamplingParams(
+                max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else req.top_p, top_k=0 if top_k == -1 else top_k,
+                seed=req.seed, stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos)
+        except (TypeError, ValueError) as e:
+            raise APIError(str(e), param_of(e, {"max_tokens": max_param})) from e
+        return params, max_param
+
+    async def _start(self, req, kind: str) -> tuple[RequestStream, int]:
+        self._check_model(req)
+        check_supported(req)
+        try:
+            stop = check_stop(req.stop or ())
+        except (TypeError, ValueError) as e:
+            raise APIError(str(e), "stop") from e
+        ids, prompt_param = self._prompt_ids(req)
+        params, max_param = self._sampling_params(req, len(ids), prompt_param)
+        if req.priority != 0 and self.llm.engine.config.policy != "priority":
+            raise APIError(f"priority={req.priority} needs --scheduling-policy priority (this server runs "
+                           f"{self.llm.engine.config.policy})", "priority")
+        rid = f"{kind}-{uuid.uuid4().hex}"
+        try:
+            stream = await self.llm.add_request(ids, params, rid, priority=req.priority, stop=stop,
+                                                include_stop_str_in_output=req.include_stop_str_in_output)
+        except EngineDeadError as e:
+            raise APIError(str(e), None, 503, "ServiceUnavailableError") from e
+        except (TypeError, ValueError) as e:
+            given = max_param if getattr(req, max_param, None) is not None else prompt_param
+            raise APIError(str(e), param_of(e, {"prompt_ids": prompt_param, "request": given})) from e
+        return stream, len(ids)
+
+    # ----- responses out -----
+    def _usage(self, num_prompt: int, out: RequestOutput | None) -> dict:
+        done = out.num_output_tokens if out else 0
+        return {"prompt_tokens": num_prompt, "completion_tokens": done, "total_tokens": num_prompt + done,
+                "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens if out else 0}}
+
+    def _choice(self, chat: bool, text: str, out: RequestOutput, delta: bool, first: bool = False) -> dict:
+        reason = out.finish_reason if out.finished else None
+        if reason == "error":
+            raise APIError("the engine failed while running this request (see the server's log)", None, 500,
+                           "InternalServerError")
+        choice = {"index": 0, "logprobs": None, "finish_reason": reason, "stop_reason": out.stop_reason}
+        if not chat:
+            choice["text"] = text
+        elif delta:
+            choice["delta"] = ({"role": "assistant", "content": text} if first else
+                               ({"content": text} if text or not reason else {}))
+        else:
+            choice["message"] = {"role": "assistant", "content": text}
+        return choice
+
+    async def respond(self, req, kind: str):
+        chat = isinstance(req, ChatCompletionRequest)
+        stream, num_prompt = await self._start(req, kind)
+        head = {"id": stream.request_id, "created": int(time.time()), "model": self.model_name}
+        if req.stream:
+            usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(self._sse(stream, head, chat, num_prompt, usage), media_type="text/event-stream")
+        text, last = [], None
+        async with stream:
+            async for out in stream:
+                text.append(out.new_text)
+                last = out
+        body = {**head, "object": "chat.completion" if chat else "text_completion",
+                "choices": [self._choice(chat, "".join(text), last, delta=False)],
+                "usage": self._usage(num_prompt, last)}
+        return JSONResponse(body)
+
+    async def _sse(self, stream: RequestStream, head: dict, chat: bool, num_prompt: int, usage: bool):
+        obj = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
+        last, first = None, chat
+        try:
+            async with stream:
+                async for out in stream:
+                    last = out
+                    if not (out.new_text or out.finished or first):
+                        continue  # text held back (half a character, a possible stop string)
+                    choice = self._choice(chat, out.new_text, out, delta=True, first=first)
+                    first = False
+                    yield _event({**obj, "choices": [choice]})
+            if usage:
+                yield _event({**obj, "choices": [], "usage": self._usage(num_prompt, last)})
+        except APIError as e:
+            yield _event(e.body())
+        yield "data: [DONE]\n\n"
+
+
+def _text(content, i: int) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for part in content:
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise APIError(f"messages[{i}].content: only text parts are supported, got {part.get('type')!r}",
+                           "messages")
+        parts.append(part["text"])
+    return "\n".join(parts)
+
+
+def _event(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def build_app(llm: AsyncLLM, model_name: str) -> FastAPI:
+    """The FastAPI app serving `llm` as `model_name` (the caller owns and shuts down `llm`)."""
+    if llm.tokenizer is None:
+        raise ValueError("the server needs the engine's tokenizer (LLMEngine(model, tokenizer, ...))")
+    app = FastAPI(title="nano_engine", docs_url=None, redoc_url=None)
+    serving = OpenAIServing(llm, model_name)
+    metrics = ServingMetrics(model_name)
+    metrics.attach(llm)
+    app.state.serving, app.state.metrics = serving, metrics
+
+    @app.exception_handler(APIError)
+    async def api_error(_, e: APIError):
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_body(_, e: RequestValidationError):
+        err = validation_error(e.errors())
+        return JSONResponse(err.body(), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def internal(_, e: Exception):
+        err = APIError(f"internal error: {type(e).__name__}: {e}", None, 500, "InternalServerError")
+        return JSONResponse(err.body(), status_code=500)
+
+    @app.get("/health")
+    async def health():
+        if llm.dead is not None:
+            return JSONResponse({"status": "dead"}, status_code=503)
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{
+            "id": model_name, "object": "model", "created": serving.created, "owned_by": "nano_engine",
+            "root": model_name, "max_model_len": serving.max_model_len}]}
+
+    @app.post("/v1/completions")
+    @with_cancellation
+    async def completions(body: CompletionRequest, raw: Request):
+        return await serving.respond(body, "cmpl")
+
+    @app.post("/v1/chat/completions")
+    @with_cancellation
+    async def chat(body: ChatCompletionRequest, raw: Request):
+        return await serving.respond(body, "chatcmpl")
+
+    return app

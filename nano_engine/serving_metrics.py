@@ -1,0 +1,108 @@
+"""The server's /metrics: Prometheus text, with vLLM's metric names, so dashboards made for vLLM read it.
+
+Two kinds of figures, as in vLLM's `vllm/v1/metrics/loggers.py` (PrometheusStatLogger):
+* state read when Prometheus scrapes (a custom collector): requests running and waiting, the KV
+  cache's usage, preemptions and prefix-cache lookups so far;
+* per-request latencies observed as tokens come out (histograms): time to first token, the gap
+  between tokens, end-to-end latency, plus token and finished-request counters.
+Each server has its own registry (two servers in one test process do not share figures).
+The collector reads lengths and counters that the engine thread writes: each read is one Python
+attribute or len(), so a scrape sees a consistent-enough instant without locking the engine.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from .async_engine import AsyncLLM, RequestOutput
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# vLLM's buckets (loggers.py), in seconds.
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+               20.0, 40.0, 80.0]
+E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+               240.0, 480.0, 960.0, 1920.0, 7680.0]
+
+
+class _EngineState:
+    """Figures read from the engine at scrape time."""
+
+    def __init__(self, llm: AsyncLLM, model_name: str):
+        self.llm, self.labels = llm, {"model_name": model_name, "engine": "0"}
+
+    def _gauge(self, name, doc, value):
+        g = GaugeMetricFamily(name, doc, labels=list(self.labels))
+        g.add_metric(list(self.labels.values()), value)
+        return g
+
+    def _counter(self, name, doc, value):
+        c = CounterMetricFamily(name, doc, labels=list(self.labels))
+        c.add_metric(list(self.labels.values()), value)
+        return c
+
+    def collect(self):
+        engine = self.llm.engine
+        sched, pool = engine.scheduler, engine.block_pool
+        yield self._gauge("vllm:num_requests_running", "Requests in the running queue.", len(sched.running))
+        yield self._gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", len(sched.waiting))
+        yield self._gauge("vllm:kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full).",
+                          1.0 - pool.num_free / pool.num_blocks)
+        yield self._counter("vllm:num_preemptions", "Preemptions so far.", engine.stats.preemptions)
+        yield self._counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                            getattr(sched, "prefix_cache_queries", 0))
+        yield self._counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                            getattr(sched, "prefix_cache_hits", 0))
+
+
+class ServingMetrics:
+    """The registry behind GET /metrics; `observe` is the AsyncLLM's on_output hook."""
+
+    def __init__(self, model_name: str):
+        self.registry = CollectorRegistry()
+        self.model_name = model_name
+        labels = ["model_name", "engine"]
+        self._values = (model_name, "0")
+        r = self.registry
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.", labels,
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between two output tokens.", labels,
+                             buckets=ITL_BUCKETS, registry=r)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Request latency, arrival to last token.",
+                             labels, buckets=E2E_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of finished requests.", labels,
+                                     registry=r)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", labels, registry=r)
+        self.success = Counter("vllm:request_success", "Finished requests, by finish reason.",
+                               labels + ["finished_reason"], registry=r)
+        self._last_token: dict[str, float] = {}  # request id -> time of its latest token
+
+    def attach(self, llm: AsyncLLM) -> None:
+        self.registry.register(_EngineState(llm, self.model_name))
+        llm.on_output = self.observe
+
+    def observe(self, out: RequestOutput) -> None:
+        v = self._values
+        last = self._last_token.get(out.request_id)
+        for t in out.token_times:
+            if last is None:
+                self.ttft.labels(*v).observe(t - out.arrival_time)
+            else:
+                self.itl.labels(*v).observe(t - last)
+            last = t
+        if out.new_token_ids:
+            self.generation_tokens.labels(*v).inc(len(out.new_token_ids))
+        if out.finished:
+            self._last_token.pop(out.request_id, None)
+            self.e2e.labels(*v).observe((last or time.perf_counter()) - out.arrival_time)
+            self.prompt_tokens.labels(*v).inc(out.num_prompt_tokens)
+            self.success.labels(*v, out.finish_reason or "abort").inc()
+        elif last is not None:
+            self._last_token[out.request_id] = last
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

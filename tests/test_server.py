@@ -1,0 +1,286 @@
+"""The OpenAI-compatible server, through the real `openai` client, on the embedded model.
+
+A server runs in this process (uvicorn in a thread, 127.0.0.1, a free port) so that the tests can
+look inside its engine; test_serve_cli_* start `python -m nano_engine serve` as a child process.
+Both are stopped by the fixture that started them, whatever happens in the test."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from nano_engine import LLMEngine, generate
+from nano_engine.async_engine import AsyncLLM
+from nano_engine.loading import chat_prompt_ids
+from nano_engine.server import build_app
+
+NUM_BLOCKS, BLOCK_SIZE = 128, 16
+CHAT = ["What is the capital of France?", "Name three colors.", "Write a haiku about the sea.",
+        "What is 2 + 2?", "Say hello in Spanish.", "Why is the sky blue?", "Give me a fruit.",
+        "Count from one to five.", "What do cats eat?", "Name a planet.", "What is rain?",
+        "Tell me a fun fact.", "What is Python?", "Describe a tree.", "What is music?", "Say goodbye."]
+
+
+@pytest.fixture(scope="module")
+def server():
+    engine = LLMEngine.from_pretrained(num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, max_num_seqs=16,
+                                       max_num_batched_tokens=256)
+    llm = AsyncLLM(engine)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(build_app(llm, "smol"), log_level="warning"))
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.time() + 60
+        while not srv.started:
+            assert thread.is_alive() and time.time() < deadline, "the server did not start"
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port}"
+        yield SimpleNamespace(url=url, engine=engine, tok=engine.tokenizer, llm=llm,
+                              client=openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0,
+                                                   timeout=300))
+    finally:
+        srv.should_exit = True
+        thread.join(30)
+        llm.shutdown()
+        sock.close()
+    assert not thread.is_alive()
+
+
+def reference(s, ids: list[int], max_tokens: int) -> list[int]:
+    """Single-request greedy generate: the tokens every served request must equal."""
+    return generate(s.engine.model, ids, max_tokens, eos_token_id=s.engine.model.config.eos_token_id)
+
+
+def chat_ids(s, text: str) -> list[int]:
+    return chat_prompt_ids(s.tok, text)
+
+
+def metrics(s) -> dict[str, float]:
+    text = httpx.get(f"{s.url}/metrics").text
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(vllm:\w+)\{[^}]*\} (\S+)$", text, re.M)}
+
+
+def wait_idle(s, timeout: float = 60) -> dict[str, float]:
+    deadline = time.time() + timeout
+    while True:
+        m = metrics(s)
+        if (m["vllm:num_requests_running"] == 0 and m["vllm:num_requests_waiting"] == 0
+                and m["vllm:kv_cache_usage_perc"] == 0) or time.time() > deadline:
+            return m
+        time.sleep(0.05)
+
+
+def test_models_and_health(server):
+    models = server.client.models.list()
+    assert [m.id for m in models.data] == ["smol"]
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_completion_equals_single_request_generate(server):
+    ids = server.tok("The capital of France is")["input_ids"]
+    want = reference(server, ids, 12)
+    for prompt in (ids, "The capital of France is"):
+        r = server.client.completions.create(model="smol", prompt=prompt, max_tokens=12, temperature=0)
+        assert r.choices[0].text == server.tok.decode(want, skip_special_tokens=True)
+        assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == len(want)
+        assert r.choices[0].finish_reason == ("length" if len(want) == 12 else "stop")
+
+
+def test_chat_streamed_equals_unstreamed_and_ends_with_the_usage_chunk(server):
+    messages = [{"role": "user", "content": "Write one sentence about the moon."}]
+    plain = server.client.chat.completions.create(model="smol", messages=messages, max_tokens=20, temperature=0)
+    chunks = list(server.client.chat.completions.create(model="smol", messages=messages, max_tokens=20,
+                                                        temperature=0, stream=True,
+                                                        stream_options={"include_usage": True}))
+    *body, last = chunks
+    assert last.choices == [] and last.usage.completion_tokens == plain.usage.completion_tokens
+    assert last.usage.prompt_tokens == plain.usage.prompt_tokens == len(chat_ids(server, messages[0]["content"]))
+    assert body[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in body) == plain.choices[0].message.content
+    assert body[-1].choices[0].finish_reason == plain.choices[0].finish_reason
+    want = reference(server, chat_ids(server, messages[0]["content"]), 20)
+    assert plain.choices[0].message.content == server.tok.decode(want, skip_special_tokens=True)
+    # The prompt was sent twice: the second time its full blocks came from the prefix cache.
+    cached = (len(chat_ids(server, messages[0]["content"])) - 1) // BLOCK_SIZE * BLOCK_SIZE
+    assert last.usage.prompt_tokens_details.cached_tokens == cached > 0
+
+
+def test_streamed_text_never_splits_a_character(server):
+    prompts = ["请用中文回答：天空为什么是蓝色的？", "Répondez en français : qu'est-ce qu'un café crème ?",
+               "Write three emoji about food: 🍕"]
+    non_ascii = 0
+    for text in prompts:
+        messages = [{"role": "user", "content": text}]
+        plain = server.client.chat.completions.create(model="smol", messages=messages, max_tokens=40,
+                                                      temperature=0).choices[0].message.content
+        pieces = [c.choices[0].delta.content or "" for c in server.client.chat.completions.create(
+            model="smol", messages=messages, max_tokens=40, temperature=0, stream=True) if c.choices]
+        assert "".join(pieces) == plain
+        # Half a character is never sent; only a reply cut by max_tokens mid-character ends in U+FFFD
+        # (as tokenizer.decode of all its tokens does), in its last piece.
+        assert all("\ufffd" not in p for p in pieces[:-1])
+        non_ascii += sum(ord(ch) > 127 for ch in plain)
+    assert non_ascii > 5  # the test saw multi-byte characters stream
+
+
+def test_stop_strings_cut_the_text_streamed_or_not(server):
+    prompt = "The capital of France is"
+    full = server.client.completions.create(model="smol", prompt=prompt, max_tokens=12, temperature=0).choices[0].text
+    stop = full.strip().split()[1][:3]  # a piece of the second word
+    at = full.index(stop)
+    for include in (False, True):
+        extra = {"include_stop_str_in_output": include}
+        r = server.client.completions.create(model="smol", prompt=prompt, max_tokens=12, temperature=0,
+                                             stop=[stop, "never-seen"], extra_body=extra)
+        want = full[:at + len(stop)] if include else full[:at]
+        assert r.choices[0].text == want and r.choices[0].finish_reason == "stop"
+        streamed = "".join(c.choices[0].text for c in server.client.completions.create(
+            model="smol", prompt=prompt, max_tokens=12, temperature=0, stop=stop, stream=True, extra_body=extra))
+        assert streamed == want
+
+
+def test_a_seeded_sampled_request_is_reproducible(server):
+    def sample(seed):
+        return server.client.completions.create(model="smol", prompt="Once upon a time", max_tokens=16,
+                                                temperature=1.0, top_p=0.95, seed=seed).choices[0].text
+
+    assert sample(1234) == sample(1234)
+    assert len({sample(1234), sample(1), sample(2)}) > 1
+
+
+BAD = [
+    ({"temperature": -1}, "temperature"), ({"temperature": "hot"}, "temperature"), ({"top_p": 0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"), ({"top_k": -2}, "top_k"), ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": 9000}, "max_tokens"), ({"max_tokens": NUM_BLOCKS * BLOCK_SIZE + 10}, "max_tokens"),
+    ({"seed": 2 ** 70}, "seed"), ({"n": 2}, "n"), ({"stop": [""]}, "stop"), ({"stop": 5}, "stop"),
+    ({"priority": 1}, "priority"), ({"logprobs": 2}, "logprobs"), ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"prompt": []}, "prompt"), ({"prompt": [10 ** 7]}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": None}, "prompt"), ({"stop_token_ids": [-1]}, "stop_token_ids"), ({"ignore_eos": "maybe"}, "ignore_eos"),
+]
+
+
+@pytest.mark.parametrize("fields, param", BAD, ids=[f"{k}={v!r}"[:40] for (d, _) in BAD for k, v in d.items()])
+def test_each_bad_value_is_a_400_naming_its_param(server, fields, param):
+    body = {"prompt": "hello", "max_tokens": 4, **fields}
+    prompt = body.pop("prompt")
+    with pytest.raises(openai.BadRequestError) as e:
+        server.client.completions.create(model="smol", prompt=prompt, extra_body=body)
+    assert e.value.status_code == 400 and e.value.param == param, e.value.message
+    assert wait_idle(server)["vllm:num_requests_waiting"] == 0
+
+
+def test_bad_chat_values_and_an_unknown_model(server):
+    with pytest.raises(openai.NotFoundError) as e:
+        server.client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "hi"}])
+    assert e.value.param == "model"
+    for messages in ([], [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]):
+        with pytest.raises(openai.BadRequestError) as e:
+            server.client.chat.completions.create(model="smol", messages=messages, max_tokens=4)
+        assert e.value.param == "messages"
+    with pytest.raises(openai.BadRequestError) as e:
+        server.client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "x"}],
+                                              max_completion_tokens=9000)
+    assert e.value.param == "max_completion_tokens"
+    r = httpx.post(f"{server.url}/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_a_stream_closed_after_two_chunks_frees_everything(server):
+    stream = server.client.completions.create(model="smol", prompt="Tell me a very long story.", max_tokens=1500,
+                                              temperature=0, stream=True, extra_body={"ignore_eos": True})
+    for i, _ in enumerate(stream):
+        if i == 1:
+            break
+    assert metrics(server)["vllm:num_requests_running"] == 1
+    stream.close()
+    m = wait_idle(server)
+    assert m["vllm:num_requests_running"] == 0 and m["vllm:kv_cache_usage_perc"] == 0
+    assert not server.engine.requests and server.engine.block_pool.num_free == NUM_BLOCKS
+
+
+def test_a_client_gone_before_a_plain_response_aborts_it(server):
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/completions", timeout=httpx.Timeout(60, read=1.0),
+                   json={"prompt": "Tell me a very long story.", "max_tokens": 1500, "ignore_eos": True})
+    m = wait_idle(server)
+    assert m["vllm:num_requests_running"] == 0 and not server.engine.requests
+    aborted = [rid for rec in server.engine.step_log for rid in rec.aborted]
+    assert aborted and aborted[-1].startswith("cmpl-")
+
+
+def test_sixteen_concurrent_streams_each_equal_their_single_request_output(server):
+    want = [server.tok.decode(reference(server, chat_ids(server, q), 16), skip_special_tokens=True) for q in CHAT]
+    client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=300)
+    first_step = server.engine.stats.steps
+
+    async def one(question):
+        stream = await client.chat.completions.create(model="smol", max_tokens=16, temperature=0, stream=True,
+                                                      messages=[{"role": "user", "content": question}])
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    async def main():
+        try:
+            return await asyncio.gather(*(one(q) for q in CHAT))
+        finally:
+            await client.close()
+
+    got = asyncio.run(main())
+    assert got == want
+    shared = [rec.num_requests for rec in server.engine.step_log if rec.step >= first_step]
+    assert max(shared) >= 8  # they ran in the same steps, not one after another
+    m = wait_idle(server)
+    assert m["vllm:prefix_cache_queries_total"] > 0 and m["vllm:prefix_cache_hits_total"] > 0
+    text = httpx.get(f"{server.url}/metrics").text
+    for name in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"):
+        count = re.search(rf'^vllm:{name}_count\{{[^}}]*\}} (\S+)$', text, re.M)
+        assert count and float(count.group(1)) >= 16
+
+
+# ----- the command line -----
+def test_serve_cli_serves_and_stops_on_sigterm(tmp_path):
+    log = open(tmp_path / "serve.log", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "nano_engine", "serve", "--port", "0", "--max-num-seqs", "4",
+                             "--served-model-name", "tiny-test", "--no-enable-prefix-caching"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline, port = time.time() + 120, None
+        while port is None:
+            assert proc.poll() is None and time.time() < deadline, (tmp_path / "serve.log").read_text()
+            m = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", (tmp_path / "serve.log").read_text())
+            port = m and int(m.group(1))
+            time.sleep(0.1)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        assert client.models.list().data[0].id == "tiny-test"
+        r = client.chat.completions.create(model="tiny-test", messages=[{"role": "user", "content": "Hi"}],
+                                           max_tokens=3, temperature=0)
+        assert r.usage.completion_tokens <= 3 and r.choices[0].message.content
+        proc.terminate()
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.mark.parametrize("flags, says", [(["--port", "70000"], "--port"), (["--max-num-seqs", "0"], "--max-num-seqs"),
+                                         (["--scheduling-policy", "lifo"], "--scheduling-policy"),
+                                         (["--dtype", "int8"], "--dtype")])
+def test_serve_cli_refuses_bad_flags_in_one_line(flags, says):
+    r = subprocess.run([sys.executable, "-m", "nano_engine", "serve", *flags], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and says in r.stderr.strip().splitlines()[-1]
