@@ -4,7 +4,7 @@ PY := .venv/bin/python
 # (the tests run two workers on two cores).
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: setup run test bench bench-peers lab book mutants
+.PHONY: setup run test bench bench-peers lab book mutants serve
 
 setup:
 	bash scripts/setup.sh
@@ -12,6 +12,12 @@ setup:
 # The main job: the identity check of the scheduler chapter on the embedded model.
 run: setup
 	$(PY) -m nano_engine
+
+# The OpenAI-compatible server on the embedded model (Ctrl-C stops it). Another address or flags:
+# make serve SERVE_ARGS='--port 8001 --max-num-seqs 8'
+SERVE_ARGS ?=
+serve: setup
+	$(PY) -m nano_engine serve $(SERVE_ARGS)
 
 # Read and run the chapters: JupyterLab on notebooks/ with the project's kernel; it prints the URL.
 # On a remote machine: make lab LAB_HOST=0.0.0.0 LAB_PORT=8888 (or an ssh tunnel, see README).

@@ -22,6 +22,7 @@ import uvicorn
 
 from nano_engine import LLMEngine, generate
 from nano_engine.async_engine import AsyncLLM
+from nano_engine.launcher import ServerProcess
 from nano_engine.loading import chat_prompt_ids
 from nano_engine.server import build_app
 
@@ -206,20 +207,28 @@ def test_a_stream_closed_after_two_chunks_frees_everything(server):
         if i == 1:
             break
     assert metrics(server)["vllm:num_requests_running"] == 1
+    before = aborted(server)
     stream.close()
     m = wait_idle(server)
+    assert aborted(server) == before + 1
     assert m["vllm:num_requests_running"] == 0 and m["vllm:kv_cache_usage_perc"] == 0
     assert not server.engine.requests and server.engine.block_pool.num_free == NUM_BLOCKS
 
 
+def aborted(s) -> float:
+    m = re.search(r'^vllm:request_success_total\{[^}]*finished_reason="abort"[^}]*\} (\S+)$',
+                  httpx.get(f"{s.url}/metrics").text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
 def test_a_client_gone_before_a_plain_response_aborts_it(server):
+    before = aborted(server)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.url}/v1/completions", timeout=httpx.Timeout(60, read=1.0),
                    json={"prompt": "Tell me a very long story.", "max_tokens": 1500, "ignore_eos": True})
     m = wait_idle(server)
     assert m["vllm:num_requests_running"] == 0 and not server.engine.requests
-    aborted = [rid for rec in server.engine.step_log for rid in rec.aborted]
-    assert aborted and aborted[-1].startswith("cmpl-")
+    assert aborted(server) == before + 1
 
 
 def test_sixteen_concurrent_streams_each_equal_their_single_request_output(server):
@@ -251,30 +260,19 @@ def test_sixteen_concurrent_streams_each_equal_their_single_request_output(serve
 
 
 # ----- the command line -----
-def test_serve_cli_serves_and_stops_on_sigterm(tmp_path):
-    log = open(tmp_path / "serve.log", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "nano_engine", "serve", "--port", "0", "--max-num-seqs", "4",
-                             "--served-model-name", "tiny-test", "--no-enable-prefix-caching"],
-                            stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline, port = time.time() + 120, None
-        while port is None:
-            assert proc.poll() is None and time.time() < deadline, (tmp_path / "serve.log").read_text()
-            m = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", (tmp_path / "serve.log").read_text())
-            port = m and int(m.group(1))
-            time.sleep(0.1)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+def test_serve_cli_serves_and_stops_on_sigterm():
+    server = ServerProcess("--max-num-seqs", "4", "--served-model-name", "tiny-test", "--no-enable-prefix-caching")
+    with server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0)
         assert client.models.list().data[0].id == "tiny-test"
         r = client.chat.completions.create(model="tiny-test", messages=[{"role": "user", "content": "Hi"}],
                                            max_tokens=3, temperature=0)
         assert r.usage.completion_tokens <= 3 and r.choices[0].message.content
-        proc.terminate()
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
+        assert server.metrics()["vllm:request_success_total"] == 1
+        proc = server.proc
+    assert proc.poll() is not None and server.proc is None  # stopped by the with block
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{server.url}/health")
 
 
 @pytest.mark.parametrize("flags, says", [(["--port", "70000"], "--port"), (["--max-num-seqs", "0"], "--max-num-seqs"),
