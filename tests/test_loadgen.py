@@ -1,0 +1,469 @@
+"""The load generator (nano_engine/loadgen*.py) against a fake OpenAI-compatible server.
+
+The fake server is a plain asyncio HTTP/1.1 server on 127.0.0.1 (a free port), in its own thread
+and event loop, that streams scripted SSE chunks (chunked transfer encoding, as uvicorn sends
+them) with scripted delays, then a usage chunk and `data: [DONE]`. It counts the requests in
+flight, can hold them until a number are in at once, answer 400, or drop the connection. It is
+always stopped (a context manager; the fixture checks its thread has ended). Timing assertions are
+inequalities against the scripted delays, never tight.
+"""
+
+import asyncio
+import json
+import math
+import re
+import threading
+
+import numpy as np
+import pytest
+
+from nano_engine import loadgen, loadgen_datasets
+from nano_engine.loadgen import arrival_times, run_benchmark, sample_intervals
+from nano_engine.loadgen_datasets import SampleRequest, get_samples
+from nano_engine.loadgen_report import plot_sweep, sweep, sweep_table
+from tiny_files import save_tokenizer
+
+PREFIX = "python -m nano_engine bench-serve: error: "
+
+
+class FakeServer:
+    """/v1/models, /v1/completions and /v1/chat/completions, streamed as scripted."""
+
+    def __init__(self, chunks=((0.0, "a"), (0.0, "b")), usage_tokens=None, hold_until=0,
+                 fail=(), drop_after=None, status=200, done=True):
+        self.chunks, self.usage_tokens, self.hold_until = list(chunks), usage_tokens, hold_until
+        self.fail, self.drop_after, self.status, self.done = set(fail), drop_after, status, done
+        self.bodies, self.in_flight, self.peak = [], 0, 0
+        self._writers = set()
+
+    def __enter__(self):
+        started = threading.Event()
+
+        def serve():
+            self.loop = asyncio.new_event_loop()
+            self.released = asyncio.Event()
+            self.server = self.loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+            self.url = "http://127.0.0.1:%d" % self.server.sockets[0].getsockname()[1]
+            started.set()
+            self.loop.run_forever()
+            self.loop.close()
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+        assert started.wait(10), "the fake server did not start"
+        return self
+
+    def __exit__(self, *exc):
+        async def stop():
+            self.server.close()
+            for w in list(self._writers):
+                w.transport.abort()
+            handlers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in handlers:  # a request still held or streaming ends here, not at exit
+                t.cancel()
+            await asyncio.gather(*handlers, return_exceptions=True)
+            self.loop.stop()
+
+        self.loop.call_soon_threadsafe(lambda: self.loop.create_task(stop()))
+        self.thread.join(10)
+
+    async def _handle(self, reader, writer):
+        self._writers.add(writer)
+        try:
+            while True:  # keep-alive: one connection carries several requests
+                head = (await reader.readuntil(b"\r\n\r\n")).decode().split("\r\n")
+                method, path, _ = head[0].split(" ")
+                headers = {k.lower(): v for k, v in (line.split(": ", 1) for line in head[1:] if line)}
+                body = await reader.readexactly(int(headers.get("content-length", 0)))
+                if method == "GET" and path == "/v1/models":
+                    self._send_json(writer, 200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+                elif method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
+                    if not await self._stream(writer, path, json.loads(body)):
+                        return
+                else:
+                    self._send_json(writer, 404, {"error": {"message": f"no route {path}"}})
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+    def _send_json(self, writer, status, obj):
+        data = json.dumps(obj).encode()
+        writer.write(b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                     % (status, len(data)) + data)
+
+    async def _stream(self, writer, path, body) -> bool:
+        index = len(self.bodies)
+        self.bodies.append(body)
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            if self.peak >= self.hold_until:
+                self.released.set()
+            try:  # hold until `hold_until` requests were in flight at once (or give up after 10 s)
+                await asyncio.wait_for(self.released.wait(), 10)
+            except TimeoutError:
+                pass
+            if self.status != 200 or index in self.fail:
+                self._send_json(writer, 400, {"error": {"message": "max_tokens is too large", "type":
+                                                        "BadRequestError", "param": "max_tokens", "code": 400}})
+                return True
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            self._event(writer, ": ping")  # an SSE comment: not a chunk
+            chat = path.endswith("chat/completions")
+            for i, (delay, text) in enumerate(self.chunks):
+                if i == self.drop_after:
+                    writer.transport.abort()  # the connection drops mid-stream
+                    return False
+                await asyncio.sleep(delay)
+                choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
+                self._event(writer, "data: " + json.dumps({"object": "chunk", "choices": [choice]}))
+                await writer.drain()
+            if self.usage_tokens is not None:
+                n_prompt = len(body["prompt"]) if not chat else 7
+                self._event(writer, "data: " + json.dumps({"choices": [], "usage": {
+                    "prompt_tokens": n_prompt, "completion_tokens": self.usage_tokens}}))
+            if self.done:
+                self._event(writer, "data: [DONE]")
+            writer.write(b"0\r\n\r\n")
+            return True
+        finally:
+            self.in_flight -= 1
+
+    @staticmethod
+    def _event(writer, text):
+        data = (text + "\n\n").encode()
+        writer.write(b"%x\r\n" % len(data) + data + b"\r\n")
+
+
+@pytest.fixture
+def fake():
+    """Start FakeServer(**script) in a `with`; afterwards check every one was stopped."""
+    servers = []
+
+    def start(**script):
+        servers.append(FakeServer(**script))
+        return servers[-1]
+
+    yield start
+    assert all(not s.thread.is_alive() for s in servers if hasattr(s, "thread")), "a fake server still runs"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    """A word-level tokenizer: 15 ids, of which 0-2 are special (<unk>, <s>, </s>)."""
+    from transformers import AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("tok")
+    save_tokenizer(folder)
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def reqs(n, prompt_len=3, output_len=4):
+    return [SampleRequest(list(range(3, 3 + prompt_len)), prompt_len, output_len) for _ in range(n)]
+
+
+def bench(server, requests, **kw):
+    kw.setdefault("disable_tqdm", True)
+    return asyncio.run(run_benchmark(requests, server.url, **kw))
+
+
+# ----- one streamed request: chunks, tokens, TTFT, ITL -----
+
+def test_streamed_request_records_chunks_usage_tokens_and_plausible_latencies(fake):
+    with fake(chunks=[(0.05, "Hel"), (0.1, "lo"), (0.1, " world")], usage_tokens=5) as s:
+        r = bench(s, reqs(1, prompt_len=6))
+    assert (r["completed"], r["failed"]) == (1, 0)
+    assert r["model_id"] == "fake-model"  # the first of GET /v1/models
+    assert r["generated_texts"] == ["Hello world"]
+    assert r["output_lens"] == [5] and r["input_lens"] == [6]  # from the usage chunk, not the 3 chunks
+    (ttft,), (itl,), (e2el,) = r["ttfts"], r["itls"], r["latencies"]
+    assert len(itl) == 2  # 3 chunks with text: 2 gaps; the ping and the usage chunk are not chunks
+    assert 0.05 <= ttft < 5 and all(0.05 <= gap < 5 for gap in itl)
+    assert e2el >= ttft + sum(itl) - 1e-9 and e2el >= 0.25
+    assert r["mean_tpot_ms"] == pytest.approx((e2el - ttft) / 4 * 1000)
+    assert r["mean_ttft_ms"] == pytest.approx(ttft * 1000)
+    body = s.bodies[0]
+    assert body["prompt"] == [3, 4, 5, 6, 7, 8] and body["max_tokens"] == 4 and body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True} and "ignore_eos" not in body
+
+
+def test_chat_backend_sends_text_messages_and_reads_deltas(fake):
+    with fake(chunks=[(0, "Hi"), (0, "!")], usage_tokens=2) as s:
+        r = bench(s, [SampleRequest("hello there", 2, 3, ignore_eos=True)], backend="openai-chat")
+    body = s.bodies[0]
+    assert body["messages"] == [{"role": "user", "content": "hello there"}]
+    assert body["max_completion_tokens"] == 3 and body["ignore_eos"] is True
+    assert r["generated_texts"] == ["Hi!"] and r["input_lens"] == [7]  # the server's count wins
+
+
+def test_without_usage_each_chunk_is_one_token(fake):
+    with fake(chunks=[(0, "x")] * 4, usage_tokens=None) as s:
+        assert bench(s, reqs(1))["output_lens"] == [4]
+
+
+# ----- failures are records, not crashes -----
+
+def test_a_400_is_a_failed_request_with_the_servers_message(fake):
+    with fake(fail={1}, usage_tokens=2) as s:
+        r = bench(s, reqs(3), max_concurrency=1)
+    assert (r["completed"], r["failed"]) == (2, 1)
+    assert r["errors"][1] == "HTTP 400: max_tokens is too large" and r["errors"][0] == ""
+
+
+@pytest.mark.parametrize("drop_after", [0, 2])
+def test_a_dropped_connection_is_a_failed_request(fake, drop_after):
+    with fake(chunks=[(0, "a")] * 4, drop_after=drop_after, usage_tokens=4) as s:
+        r = bench(s, reqs(2))
+    assert (r["completed"], r["failed"]) == (0, 2) and all(r["errors"])
+
+
+def test_a_stream_cut_before_done_is_a_failed_request(fake):
+    # The body ends cleanly (chunked encoding's last chunk), but without `data: [DONE]`.
+    with fake(chunks=[(0, "a")] * 2, usage_tokens=2, done=False) as s:
+        r = bench(s, reqs(1))
+    assert r["failed"] == 1 and r["errors"] == ["the stream ended before data: [DONE] (cut short)"]
+
+
+def test_a_request_past_its_timeout_fails(fake):
+    # Every gap (0.3 s) is within the timeout; the whole response (1.2 s) is not.
+    with fake(chunks=[(0.3, "a")] * 4, usage_tokens=4) as s:
+        r = bench(s, reqs(1), timeout=0.8)
+    assert r["failed"] == 1 and r["errors"] == ["no complete response within the timeout of 0.8 s"]
+    assert r["latencies"] == [0.0]
+
+
+def test_no_server_means_failed_requests(fake):
+    with fake() as s:
+        url = s.url
+    r = asyncio.run(run_benchmark(reqs(2), url, model="m", disable_tqdm=True, timeout=5))
+    assert r["failed"] == 2 and all("Connect" in e for e in r["errors"])
+
+
+# ----- arrivals and concurrency -----
+
+@pytest.mark.parametrize("burstiness", [1.0, 0.25, 4.0])
+def test_gamma_intervals_have_mean_one_over_rate_and_cv2_one_over_burstiness(burstiness):
+    gaps = sample_intervals(20000, 4.0, burstiness, np.random.RandomState(0))
+    assert gaps.mean() == pytest.approx(0.25, rel=0.05)
+    cv2 = gaps.var() / gaps.mean() ** 2  # 1 for a Poisson process, burstier below 1, more even above
+    assert cv2 == pytest.approx(1 / burstiness, rel=0.1)
+
+
+def test_arrival_times_follow_vllm():
+    times = arrival_times(50, 10.0, seed=3)
+    assert times == sorted(times) and times[-1] == pytest.approx(5.0)  # rescaled to n / rate
+    assert times == arrival_times(50, 10.0, seed=3) != arrival_times(50, 10.0, seed=4)
+    # vLLM's draws: the legacy generator seeded with --seed, cumulated.
+    raw = np.cumsum(np.random.RandomState(3).gamma(1.0, 0.1, size=50))
+    assert np.allclose(times, raw * 5.0 / raw[-1])
+    assert arrival_times(5, math.inf) == [0.0] * 5
+    assert arrival_times(4, 2.0, burstiness=math.inf) == pytest.approx([0.5, 1.0, 1.5, 2.0])
+    with pytest.raises(ValueError, match="request_rate must be > 0"):
+        arrival_times(3, 0.0)
+    with pytest.raises(ValueError, match="burstiness must be > 0"):
+        arrival_times(3, 1.0, burstiness=-1)
+
+
+def test_infinite_rate_sends_every_request_at_once(fake):
+    # The server holds each request until all 8 are in flight (10 s at most): a client that
+    # sent them one after another would reach a peak of 1.
+    with fake(hold_until=8, usage_tokens=2) as s:
+        r = bench(s, reqs(8))
+    assert s.peak == 8 and r["completed"] == 8
+
+
+def test_finite_rate_spreads_the_requests(fake):
+    with fake(usage_tokens=2) as s:
+        r = bench(s, reqs(6), request_rate=20.0)
+    assert r["completed"] == 6 and max(r["start_times"]) >= 0.25  # the last leaves at 6/20 = 0.3 s
+
+
+def test_max_concurrency_is_never_exceeded(fake):
+    with fake(chunks=[(0.02, "a")] * 3, hold_until=3, usage_tokens=3) as s:
+        r = bench(s, reqs(10), max_concurrency=3)
+    assert s.peak == 3 and r["completed"] == 10
+
+
+def test_a_request_waiting_for_a_slot_is_timed_from_when_it_is_sent(fake):
+    # As vLLM: the clock starts once the semaphore lets the request go (httpx's own connection
+    # pool would also cap concurrency, but its wait would count in the TTFT).
+    with fake(chunks=[(0, "a"), (0.1, "b")], usage_tokens=2) as s:
+        r = bench(s, reqs(3), max_concurrency=1)
+    spans = sorted(zip(r["start_times"], r["latencies"]))
+    assert all(s1 >= s0 + l0 for (s0, l0), (s1, _) in zip(spans, spans[1:]))
+
+
+def test_warmups_are_sent_but_not_counted(fake):
+    with fake(usage_tokens=2) as s:
+        r = bench(s, reqs(3), num_warmups=2)
+    assert len(s.bodies) == 5 and r["completed"] == 3 and len(r["ttfts"]) == 3
+
+
+def test_goodput_and_selected_metrics(fake):
+    with fake(chunks=[(0.01, "a"), (0.01, "b")], usage_tokens=2) as s:
+        lax = bench(s, reqs(2), goodput={"ttft": 60_000}, percentiles=[50, 90], percentile_metrics=["ttft", "itl"])
+        strict = bench(s, reqs(2), goodput={"e2el": 0.001})
+    assert lax["request_goodput"] == pytest.approx(lax["request_throughput"]) and strict["request_goodput"] == 0
+    assert {"p50_ttft_ms", "p90_itl_ms", "mean_ttft_ms"} <= lax.keys()
+    assert not any("tpot" in k or "e2el" in k or "p99" in k for k in lax)
+
+
+def test_benchmark_and_sweep_run_from_plain_code_and_inside_a_running_loop(fake, tmp_path):
+    async def inside_a_loop():  # as in a Jupyter cell, whose loop is already running
+        return loadgen.benchmark(reqs(2), s.url, disable_tqdm=True)
+
+    with fake(usage_tokens=2) as s:
+        plain = loadgen.benchmark(reqs(2), s.url, disable_tqdm=True)
+        nested = asyncio.run(inside_a_loop())
+        swept = sweep(reqs(2), [100.0, math.inf], s.url, disable_tqdm=True)
+    assert plain["completed"] == nested["completed"] == 2
+    assert [r["request_rate"] for r in swept] == [100.0, "inf"]
+    assert len(sweep_table(swept).splitlines()) == 4
+    assert plot_sweep(swept, tmp_path / "s.png").axes and (tmp_path / "s.png").is_file()
+
+
+def test_bad_library_arguments_raise_early():
+    for kw, match in [({"backend": "vllm"}, "backend must be one of openai, openai-chat"),
+                      ({"max_concurrency": 0}, "max_concurrency must be None or an integer >= 1"),
+                      ({"num_warmups": -1}, "num_warmups must be an integer >= 0"),
+                      ({"request_rate": -2.0}, "request_rate must be > 0"),
+                      ({"timeout": 0}, "timeout must be > 0")]:
+        with pytest.raises(ValueError, match=match):
+            asyncio.run(run_benchmark(reqs(1), "http://127.0.0.1:9", **kw))
+    with pytest.raises(ValueError, match="non-empty list"):
+        asyncio.run(run_benchmark([], "http://127.0.0.1:9"))
+
+
+# ----- datasets -----
+
+def test_random_lengths_stay_in_the_range_and_avoid_special_ids(tokenizer):
+    out = get_samples("random", 200, tokenizer=tokenizer, random_input_len=20, random_output_len=10,
+                      random_range_ratio=0.5, seed=1)
+    ins, outs = [len(r.prompt) for r in out], [r.expected_output_len for r in out]
+    assert all(10 <= n <= 30 for n in ins) and all(5 <= n <= 15 for n in outs)
+    assert min(ins) < 15 and max(ins) > 25  # the range is used, not just its middle
+    assert all(r.prompt_len == len(r.prompt) for r in out)
+    assert not set(tokenizer.all_special_ids) & {i for r in out for i in r.prompt}
+    fixed = get_samples("random", 5, tokenizer=tokenizer, random_input_len=8, random_output_len=3)
+    assert all(len(r.prompt) == 8 and r.expected_output_len == 3 for r in fixed)
+    text = get_samples("random", 2, tokenizer=tokenizer, random_input_len=4, as_text=True)
+    assert all(isinstance(r.prompt, str) and len(r.prompt.split()) == 4 for r in text)
+
+
+def test_prefix_repetition_shares_exactly_the_prefixes(tokenizer):
+    out = get_samples("prefix_repetition", 13, tokenizer=tokenizer, prefix_repetition_prefix_len=8,
+                      prefix_repetition_suffix_len=5, prefix_repetition_num_prefixes=3,
+                      prefix_repetition_output_len=7, seed=2)
+    assert len(out) == 12  # 3 prefixes x (13 // 3) prompts, as vLLM
+    assert all(len(r.prompt) == r.prompt_len == 13 and r.expected_output_len == 7 for r in out)
+    groups = {}
+    for r in out:
+        groups.setdefault(tuple(r.prompt[:8]), []).append(tuple(r.prompt[8:]))
+    assert len(groups) == 3 and all(len(g) == 4 for g in groups.values())
+    assert len({s for g in groups.values() for s in g}) == 12  # each prompt its own suffix
+    assert [r.prompt[:8] for r in out[:4]] != [r.prompt[:8] for r in out[:1]] * 4  # shuffled
+    assert not set(tokenizer.all_special_ids) & {i for r in out for i in r.prompt}
+    with pytest.raises(ValueError, match=r"num_prompts \(2\) must be >= prefix_repetition_num_prefixes \(3\)"):
+        get_samples("prefix_repetition", 2, tokenizer=tokenizer, prefix_repetition_num_prefixes=3)
+
+
+def test_w2_loads_as_recorded():
+    data = json.loads(loadgen_datasets.find_w2().read_text())["requests"]
+    w2 = get_samples("w2", 64)
+    assert sum(r.prompt_len for r in w2) == 12670 and sum(r.expected_output_len for r in w2) == 4606
+    assert all(r.ignore_eos for r in w2) and w2[5].prompt == data[5]["prompt_ids"]
+    assert get_samples("w2", 3, as_text=True)[2].prompt == data[2]["prompt"]
+    assert get_samples("w2", 66)[65].prompt == data[1]["prompt_ids"]  # cycles in order
+    with pytest.raises(FileNotFoundError, match="W2 workload not found"):
+        get_samples("w2", 1, dataset_path="/nonexistent/w2.json")
+
+
+# ----- the command line -----
+
+def cli(capsys, *argv):
+    code = loadgen.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err.splitlines()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--num-prompts", "0"], "argument --num-prompts: 0 must be >= 1"),
+    (["--request-rate", "0"], "argument --request-rate: 0 must be > 0"),
+    (["--request-rate", "fast"], "argument --request-rate: 'fast' is not a number"),
+    (["--burstiness", "-1"], "argument --burstiness: -1 must be > 0"),
+    (["--random-range-ratio", "1"], "argument --random-range-ratio: 1 must be >= 0 and < 1"),
+    (["--max-concurrency", "0"], "argument --max-concurrency: 0 must be >= 1"),
+    (["--backend", "tgi"], "argument --backend: invalid choice: 'tgi' (choose from 'openai', 'openai-chat')"),
+    (["--dataset-name", "sharegpt"], "argument --dataset-name: invalid choice: 'sharegpt' (choose from "
+                                     "'random', 'w2', 'prefix_repetition')"),
+    (["--goodput", "ttft=5"], "argument --goodput: goodput: 'ttft=5' is not NAME:MS (a metric name and a "
+                              "number of milliseconds), e.g. 'ttft:500'"),
+    (["--goodput", "itl:5"], "argument --goodput: goodput SLO name 'itl' is unknown; allowed: ttft, tpot, e2el"),
+    (["--percentile-metrics", "ttft,foo"], "argument --percentile-metrics: 'foo' is not a metric; allowed: "
+                                           "ttft,tpot,itl,e2el"),
+    (["--metric-percentiles", "99,101"], "argument --metric-percentiles: 101 is not a percentile (0 to 100)"),
+    (["--request-rates", "1,0"], "argument --request-rates: '0': a request rate must be > 0 (or inf)"),
+    (["--base-url", "localhost:8000"], "argument --base-url: 'localhost:8000' is not an http:// or https:// "
+                                       "URL with a host"),
+    (["--request-rate", "2", "--request-rates", "1,2"], "--request-rate and --request-rates: give one or the other"),
+    (["--dataset-path", "x.json"], "--dataset-path is for --dataset-name w2, not random"),
+    (["--dataset-name", "prefix_repetition", "--num-prompts", "4"],
+     "--num-prompts 4 is below --prefix-repetition-num-prefixes 10: each prefix needs a prompt"),
+])
+def test_bad_argument_exits_2_with_one_line_before_anything_loads(capsys, monkeypatch, argv, message):
+    def no_load(*a, **k):
+        raise AssertionError("the tokenizer was loaded before the arguments were checked")
+
+    monkeypatch.setattr("nano_engine.loading.load_tokenizer", no_load)
+    code, out, err = cli(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err[0].startswith("usage: python -m nano_engine bench-serve") and err[-1] == PREFIX + message
+
+
+def test_cli_runs_w2_and_saves_vllm_keys(capsys, fake, tmp_path):
+    path = tmp_path / "r.json"
+    with fake(chunks=[(0, "a"), (0.01, "b")], usage_tokens=2) as s:
+        code, out, err = cli(capsys, "--base-url", s.url, "--dataset-name", "w2", "--num-prompts", "4",
+                             "--disable-tqdm", "--save-result", "--result-filename", str(path),
+                             "--goodput", "ttft:60000", "e2el:60000")
+    assert code == 0, err
+    assert re.search(r"^Successful requests: +4$", out, re.M) and "P99 ITL (ms):" in out
+    result = json.loads(path.read_text())
+    for key in ("completed", "request_throughput", "request_goodput", "output_throughput", "mean_ttft_ms",
+                "median_tpot_ms", "p90_itl_ms", "p99_e2el_ms", "ttfts", "itls", "model_id", "request_rate"):
+        assert key in result, key
+    assert result["request_rate"] == "inf" and len(result["itls"]) == 4 and all(len(i) == 1 for i in result["itls"])
+    assert all(b["ignore_eos"] for b in s.bodies)  # W2's own setting
+
+
+def test_cli_sweep_writes_the_plot_and_the_table(capsys, fake, tmp_path):
+    stem = tmp_path / "sweep"
+    with fake(usage_tokens=2) as s:
+        code, out, err = cli(capsys, "--base-url", s.url, "--dataset-name", "w2", "--num-prompts", "3",
+                             "--disable-tqdm", "--request-rates", "50,inf", "--sweep-output", str(stem),
+                             "--percentile-metrics", "ttft,e2el")
+    assert code == 0, err
+    table = (tmp_path / "sweep.md").read_text().splitlines()
+    assert table[0].startswith("| rate (req/s) |") and "TTFT median / p99 (ms)" in table[0]
+    assert [row.split("|")[1].strip() for row in table[2:]] == ["50", "inf"]
+    assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+    assert "Time per Output Token" not in out and "End-to-end Latency" in out
+
+
+def test_cli_every_request_failed_exits_1_with_the_first_error(capsys, fake):
+    with fake(status=400) as s:
+        code, out, err = cli(capsys, "--base-url", s.url, "--dataset-name", "w2", "--num-prompts", "2",
+                             "--disable-tqdm")
+    assert code == 1 and err == [PREFIX + "all 2 requests failed; the first: HTTP 400: max_tokens is too large"]
+
+
+def test_cli_random_dataset_ignores_eos_as_vllm(capsys, fake, tmp_path, monkeypatch, tokenizer):
+    monkeypatch.setattr("nano_engine.loading.load_tokenizer", lambda path=None: tokenizer)
+    with fake(usage_tokens=2) as s:
+        code, out, err = cli(capsys, "--base-url", s.url, "--num-prompts", "3", "--random-input-len", "5",
+                             "--random-output-len", "2", "--disable-tqdm")
+    assert code == 0, err
+    assert all(b["ignore_eos"] and len(b["prompt"]) == 5 and b["max_tokens"] == 2 for b in s.bodies)
