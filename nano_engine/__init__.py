@@ -4,6 +4,7 @@ One token budget per step, chunked prefill, recompute preemption, a paged KV cac
 caching, serving a real chat model on a CPU. The names a notebook needs are exported here.
 """
 
+from .async_engine import AsyncLLM, RequestOutput
 from .engine import EngineConfig, LLMEngine, StepRecord
 from .mini_llm import ModelConfig, Transformer, generate
 from .paged import BlockPool, PagedKVCache
@@ -13,8 +14,8 @@ from .runner import Batch, ModelRunner, SeqChunk, build_batch
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 
 __all__ = [
-    "Batch", "BlockPool", "ConservativeScheduler", "EngineConfig", "LLMEngine", "ModelConfig", "ModelRunner",
-    "PagedKVCache", "PriorityScheduler", "Request", "RequestStatus", "SamplingParams", "Scheduler",
+    "AsyncLLM", "Batch", "BlockPool", "ConservativeScheduler", "EngineConfig", "LLMEngine", "ModelConfig", "ModelRunner",
+    "PagedKVCache", "PriorityScheduler", "Request", "RequestOutput", "RequestStatus", "SamplingParams", "Scheduler",
     "SchedulerConfig", "SchedulerOutput", "SeqChunk", "StaticScheduler", "StepRecord", "Transformer",
     "build_batch", "generate", "scheduler_class",
 ]

@@ -95,6 +95,8 @@ def check_supported(req: _Common) -> None:
         if name in type(req).model_fields and getattr(req, name) not in defaults:
             raise APIError(f"{name}={getattr(req, name)!r} is not supported by this server "
                            f"(leave it unset)", name)
+    if req.stream_options is not None and not req.stream:
+        raise APIError("stream_options can only be set when stream is true", "stream_options")
     if req.n != 1:
         raise APIError(f"n={req.n} is not supported: this server returns one choice per request (n=1)", "n")
     fmt = getattr(req, "response_format", None)

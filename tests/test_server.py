@@ -170,7 +170,7 @@ BAD = [
     ({"seed": 2 ** 70}, "seed"), ({"n": 2}, "n"), ({"stop": [""]}, "stop"), ({"stop": 5}, "stop"),
     ({"priority": 1}, "priority"), ({"logprobs": 2}, "logprobs"), ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"prompt": []}, "prompt"), ({"prompt": [10 ** 7]}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"),
-    ({"prompt": None}, "prompt"), ({"stop_token_ids": [-1]}, "stop_token_ids"), ({"ignore_eos": "maybe"}, "ignore_eos"),
+    ({"prompt": None}, "prompt"), ({"stream_options": {"include_usage": True}}, "stream_options"), ({"stop_token_ids": [-1]}, "stop_token_ids"), ({"ignore_eos": "maybe"}, "ignore_eos"),
 ]
 
 
