@@ -319,3 +319,22 @@ def test_the_policy_picks_the_class_and_a_learners_subclass_stays_itself(tiny):
         pass
 
     assert type(LLMEngine(tiny, policy="priority", scheduler_cls=Mine).scheduler) is Mine
+
+
+def test_preemptions_are_counted_per_request_and_finished_requests_leave_no_state():
+    # Four 4-token prompts growing to 16 tokens in a 5-block pool: the tail is preempted again and again.
+    s = make(num_blocks=5, block_size=4)
+    reqs = [add(s, rid, 4, max_tokens=12) for rid in "abcd"]
+    seen = {r.request_id: 0 for r in reqs}
+    while s.has_unfinished():
+        out = s.schedule()
+        for r in out.preempted:
+            seen[r.request_id] += 1
+        advance(out)
+        for r in reqs:
+            if not r.is_finished and len(r.output_ids) == 12:
+                s.finish(r, "length")
+    assert seen == {"a": 0, "b": 1, "c": 2, "d": 2}
+    assert {r.request_id: r.num_preemptions for r in reqs} == seen
+    # A long-lived scheduler keeps nothing of a finished request (its arrival step for aging included).
+    assert s._arrival_step == {} and s.pool.num_free == 5
