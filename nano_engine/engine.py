@@ -43,6 +43,12 @@ class EngineConfig(SchedulerConfig):
         self.enable_prefix_caching = checks.flag("enable_prefix_caching", self.enable_prefix_caching)
         self.step_log_size = checks.integer("step_log_size", self.step_log_size, minimum=0)
 
+    def to_vllm(self, dtype: str | None = None, max_model_len: int | None = None) -> dict:
+        """vLLM's EngineArgs names and values for these settings (vllm_bridge.py)."""
+        from .vllm_bridge import to_vllm
+
+        return to_vllm(self, dtype, max_model_len)
+
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(**{f.name: getattr(self, f.name) for f in fields(SchedulerConfig)})
 
