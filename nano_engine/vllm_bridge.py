@@ -31,15 +31,15 @@ class Setting:
 
 
 SETTINGS = (
-    Setting("max_num_batched_tokens", "max_num_batched_tokens", "8192 (GPUs >= 70 GiB; 2048 below)",
+    Setting("max_num_batched_tokens", "max_num_batched_tokens", "8192 on a GPU of >= 70 GiB but A100 (16384 at >= 160 GiB), 2048 below",
             "2048 x world size", "--chunked-prefill-size (a prefill chunk's tokens; decodes are not counted)"),
-    Setting("max_num_seqs", "max_num_seqs", "1024 (GPUs >= 70 GiB; 256 below)", "128 x world size",
+    Setting("max_num_seqs", "max_num_seqs", "1024 on a GPU of >= 70 GiB but A100, 256 below", "128 x world size",
             "--max-running-requests"),
     Setting("enable_chunked_prefill", "enable_chunked_prefill", "on", "on",
             "on unless --chunked-prefill-size -1; mixed prefill+decode steps only with --enable-mixed-chunk"),
     Setting("enable_prefix_caching", "enable_prefix_caching", "on", "on",
             "RadixAttention, on unless --disable-radix-cache"),
-    Setting("block_size", "block_size", "16", "128", "--page-size (default 1: a token per page)"),
+    Setting("block_size", "block_size", "16", "128 (multiples of 32 preferred)", "--page-size (default 1: a token per page)"),
     Setting("num_blocks", "num_gpu_blocks_override", "from --gpu-memory-utilization",
             "from VLLM_CPU_KVCACHE_SPACE (GiB)", "--max-total-tokens (tokens, not pages)"),
     Setting("policy", "scheduling_policy", "fcfs", "fcfs",
