@@ -338,3 +338,30 @@ def test_preemptions_are_counted_per_request_and_finished_requests_leave_no_stat
     assert {r.request_id: r.num_preemptions for r in reqs} == seen
     # A long-lived scheduler keeps nothing of a finished request (its arrival step for aging included).
     assert s._arrival_step == {} and s.pool.num_free == 5
+
+
+def test_a_step_lists_the_running_requests_in_queue_order_even_when_the_victim_is_the_requester():
+    """Priority: a request being scheduled can be its own victim without being the tail. The pass
+    then goes on with the request after it; the step's chunks keep the running queue's order (the
+    batch layout vLLM's scheduler produces), and nobody is scheduled twice."""
+    s = make("priority", num_blocks=9, block_size=2, max_num_batched_tokens=14)
+    # (id, prompt, max_tokens, priority, arrival time): c arrives at step 2, the others at step 3,
+    # a and b with earlier arrival times than c (priority ties are broken by arrival time).
+    arrivals = {2: [("c", 4, 4, 2, 2.0)], 3: [("a", 6, 3, 2, 0.0), ("b", 2, 5, 0, 1.0), ("d", 9, 7, 4, 3.0)]}
+    reqs, self_victim = [], 0
+    for step in range(60):
+        for rid, n, max_tokens, priority, t in arrivals.get(step, []):
+            reqs.append(add(s, rid, n, max_tokens=max_tokens, priority=priority, t=t))
+        before = list(s.running)
+        out = s.schedule()
+        ran = [c.request for c in out.chunks if c.request in before]
+        assert ran == [r for r in before if r in ran]  # queue order
+        assert len({id(c.request) for c in out.chunks}) == len(out.chunks)
+        self_victim += sum(1 for r in out.preempted if r in before and before.index(r) < len(before) - 1)
+        advance(out)
+        for r in reqs:
+            if not r.is_finished and len(r.output_ids) == r.sampling_params.max_tokens:
+                s.finish(r, "length")
+        if step > 3 and not s.has_unfinished():
+            break
+    assert not s.has_unfinished() and self_victim >= 1  # the situation did happen
