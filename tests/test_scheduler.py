@@ -7,10 +7,11 @@ than the request that needs the blocks and was already scheduled in that step.
 """
 
 import itertools
+import random
 
 import pytest
 
-from nano_engine import BlockPool, Request, SamplingParams, Scheduler, SchedulerConfig
+from nano_engine import BlockPool, Request, RequestStatus, SamplingParams, Scheduler, SchedulerConfig
 from nano_engine.paged import block_hashes
 
 _arrivals = itertools.count()  # distinct prompts and a strictly growing arrival time across a test
@@ -365,3 +366,115 @@ def test_a_step_lists_the_running_requests_in_queue_order_even_when_the_victim_i
         if step > 3 and not s.has_unfinished():
             break
     assert not s.has_unfinished() and self_victim >= 1  # the situation did happen
+
+
+def test_a_prompt_one_token_past_full_blocks_hits_all_of_them():
+    # The hit covers every full block before the last prompt token: 2 * 4 + 1 tokens hit 8.
+    s = make(num_blocks=16, block_size=4)
+    first = Request("first", list(range(1, 10)), SamplingParams(max_tokens=1))
+    s.add_request(first)
+    out = s.schedule()
+    advance(out)
+    s.pool.cache_blocks(first.block_ids, s.hashes(first, 2), 0)
+    s.finish(first, "length")
+    again = Request("again", list(range(1, 10)), SamplingParams(max_tokens=1))
+    s.add_request(again)
+    assert plan(s.schedule()) == [("again", 1, "prefill")]
+    assert again.num_cached_tokens == 8 and again.status is RequestStatus.RUNNING
+
+
+def assert_work_conserving(s, before, behind, out):
+    """Budget left over means nobody still running went without: every request running before and
+    after the step got a chunk, and, in a step without preemption, all it was behind."""
+    if out.num_tokens < s.config.max_num_batched_tokens:
+        served = {id(c.request) for c in out.chunks}
+        assert all(id(r) in served for r in before if r in s.running)
+        if not out.preempted:
+            assert all(c.n == behind[id(c.request)] for c in out.chunks if id(c.request) in behind)
+
+
+def test_after_a_victim_ahead_leaves_the_requests_behind_it_still_get_their_turn():
+    """Conservative, three requests decoding in a 7-block pool: in step 6 the head's victim is the
+    head itself (a, the least output); b and c both still decode in that step."""
+    s = make("conservative", num_blocks=7, block_size=4, max_num_batched_tokens=15)
+    reqs = [add(s, rid, n, max_tokens=m, priority=3, t=float(k))
+            for k, (rid, n, m) in enumerate([("a", 6, 8), ("b", 5, 6), ("c", 2, 7)])]
+    for step in range(40):
+        before = list(s.running)
+        behind = {id(r): r.num_behind for r in before}
+        out = s.schedule()
+        assert_work_conserving(s, before, behind, out)
+        if out.preempted and [r.request_id for r in before] == ["a", "b", "c"]:
+            assert preempted(out) == ["a"] and [rid for rid, _, _ in plan(out)] == ["b", "c"]
+            break
+        advance(out)
+        for r in reqs:
+            if not r.is_finished and len(r.output_ids) == r.sampling_params.max_tokens:
+                s.finish(r, "length")
+    else:
+        raise AssertionError("a was never preempted ahead of b and c")
+
+
+def _random_scenario(rng, policy):
+    s = make(policy, num_blocks=rng.randint(4, 10), block_size=rng.choice([2, 4]),
+             max_num_batched_tokens=rng.randint(3, 16), max_num_seqs=rng.randint(2, 5))
+    shared = list(range(500, 508))  # some prompts share a prefix: hits, and hits given back
+    arrivals = {}
+    for k in range(rng.randint(2, 6)):
+        prompt = (shared[:rng.choice([0, 4, 8])] + [rng.randint(1, 400) for _ in range(rng.randint(1, 8))])
+        arrivals.setdefault(rng.randint(0, 4), []).append(
+            Request(f"r{k}", prompt, SamplingParams(max_tokens=rng.randint(1, 8)), priority=rng.randint(0, 4),
+                    arrival_time=float(k), seq=k))
+    return s, arrivals
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority", "conservative"])
+def test_every_step_keeps_the_schedulers_invariants_in_random_scenarios(policy):
+    """Seeded random pools, budgets, shared prefixes, priorities and arrivals over time; each step:
+    the running requests' chunks in queue order, nobody twice, no empty chunk, the budget kept and
+    spent before a running request is cut short; an
+    admitted request is RUNNING from its hit, a victim is WAITING with nothing; num_cached_tokens is
+    the first admission's hit, never a re-admission's."""
+    rng, seen = random.Random(policy), {"victim ahead": 0, "re-admitted with a hit": 0}
+    for _ in range(300):
+        s, arrivals = _random_scenario(rng, policy)
+        reqs, first_hit = [], {}
+        for step in range(300):
+            for req in arrivals.get(step, []):
+                try:
+                    s.add_request(req)
+                except ValueError:  # can never fit this pool: refused, as it should be
+                    continue
+                reqs.append(req)
+            before = list(s.running)
+            behind = {id(r): r.num_behind for r in before}
+            out = s.schedule()
+            chunks = [c.request for c in out.chunks]
+            assert_work_conserving(s, before, behind, out)
+            assert len(set(map(id, chunks))) == len(chunks) and all(c.n >= 1 for c in out.chunks)
+            assert out.num_tokens <= s.config.max_num_batched_tokens
+            ran = [r for r in chunks if r in before]
+            assert ran == [r for r in before if r in ran]
+            for c in out.chunks:
+                assert c.request.status is RequestStatus.RUNNING and c.request.num_computed == c.start
+                if c.request not in before:
+                    first_hit.setdefault(c.request.request_id, c.start)
+                    seen["re-admitted with a hit"] += c.request.num_preemptions > 0 and c.start > 0
+            for v in out.preempted:
+                assert v.status is RequestStatus.WAITING and not v.block_ids and v.num_computed == 0
+                seen["victim ahead"] += any(before.index(v) < before.index(c.request)
+                                            for c in out.chunks if c.request in before)
+            advance(out)
+            for c in out.chunks:
+                r = c.request
+                s.pool.cache_blocks(r.block_ids, s.hashes(r, r.num_computed // s.block_size), c.start // s.block_size)
+            for r in reqs:
+                if not r.is_finished and len(r.output_ids) >= r.sampling_params.max_tokens:
+                    s.finish(r, "length")
+            if step > 4 and not s.has_unfinished():
+                break
+        assert not s.has_unfinished() and s.pool.num_free == s.pool.num_blocks
+        assert {r.request_id: r.num_cached_tokens for r in reqs if r.request_id in first_hit} == first_hit
+    if policy == "fcfs":  # fcfs preempts the tail: a victim is never ahead of the requester
+        assert seen.pop("victim ahead") == 0
+    assert all(seen.values()), seen  # the situations the invariants guard did happen
