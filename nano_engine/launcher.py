@@ -21,10 +21,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
 _LIVE: set = set()
+# PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the process: children are
+# forked from this one long-lived thread, so a server started from a short-lived thread (a thread
+# pool's, a notebook's background job) lives until stop() or the interpreter's exit.
+_SPAWNER = ThreadPoolExecutor(1, thread_name_prefix="nano_engine-spawner")
 
 
 def _die_with_parent() -> None:  # runs in the child, before exec
@@ -67,8 +72,8 @@ class ServerProcess:
             raise RuntimeError("this server was started already")
         self._log = tempfile.NamedTemporaryFile("w+", prefix="nano_engine_serve_", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "nano_engine", "serve", "--host", "127.0.0.1", "--port", "0", *self.flags]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
-                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        self.proc = _SPAWNER.submit(subprocess.Popen, cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
+                                    preexec_fn=_die_with_parent if sys.platform == "linux" else None).result()
         _LIVE.add(self)
         try:
             self._wait_ready()
@@ -100,7 +105,7 @@ class ServerProcess:
         return out
 
     def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM, then SIGKILL after `timeout` s; returns the exit status."""
+        """SIGTERM, then SIGKILL after `timeout` s; returns the exit status (0: it stopped cleanly)."""
         _LIVE.discard(self)
         proc, self.proc = self.proc, None
         if proc is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import signal
 
 PROG = "python -m nano_engine serve"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
@@ -99,6 +100,8 @@ def run(ap: argparse.ArgumentParser, args) -> int:
     path = check_model(args.model)
     engine = LLMEngine(Transformer.from_pretrained(path, dtype=args.dtype), load_tokenizer(path), config)
     llm = AsyncLLM(engine)
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again: end with status 0 then.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     try:
         app = build_app(llm, served_name(args))
         server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
@@ -107,6 +110,10 @@ def run(ap: argparse.ArgumentParser, args) -> int:
     finally:
         llm.shutdown()
     return 0
+
+
+def _exit_cleanly(signum, frame):
+    raise SystemExit(0)
 
 
 def main(argv=None) -> int:

@@ -270,9 +270,22 @@ def test_serve_cli_serves_and_stops_on_sigterm():
         assert r.usage.completion_tokens <= 3 and r.choices[0].message.content
         assert server.metrics()["vllm:request_success_total"] == 1
         proc = server.proc
-    assert proc.poll() is not None and server.proc is None  # stopped by the with block
+        assert server.stop() == 0  # SIGTERM: a graceful shutdown and a clean exit
+    assert proc.poll() == 0 and server.proc is None
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{server.url}/health")
+
+
+def test_a_server_started_from_a_short_lived_thread_outlives_it():
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        server = pool.submit(ServerProcess("--max-num-seqs", "2").start).result()
+    try:  # the thread that asked for it is gone; the server is not
+        time.sleep(1.0)
+        assert server.proc.poll() is None and httpx.get(f"{server.url}/health").status_code == 200
+    finally:
+        assert server.stop() == 0
 
 
 @pytest.mark.parametrize("flags, says", [(["--port", "70000"], "--port"), (["--max-num-seqs", "0"], "--max-num-seqs"),
