@@ -19,7 +19,6 @@ import asyncio
 import json
 import math
 import sys
-import traceback
 from pathlib import Path
 
 import httpx
@@ -213,20 +212,6 @@ def run(ap: argparse.ArgumentParser, args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap, args = build_parser(), None
-    try:
-        args = ap.parse_args(argv)
-        return run(ap, args)
-    except SystemExit as e:  # argparse printed the usage and the error (2), or the help (0)
-        return e.code if isinstance(e.code, int) else 2
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:
-        debug = getattr(args, "debug", False)
-        if debug:
-            traceback.print_exc()
-        text = " ".join(str(e).split()) or "(no message)"
-        print(f"{PROG}: error: {type(e).__name__}: {text}{'' if debug else ' (--debug shows the traceback)'}",
-              file=sys.stderr)
-        return 1
+    from .__main__ import guarded  # one-line errors and exit statuses, as the rest of the CLI
+
+    return guarded(build_parser(), argv, run)
