@@ -27,6 +27,8 @@ NAN = float("nan")
     (dict(init_new_token_ratio=0.0), ValueError, r"init_new_token_ratio=0.0 must be a number in \(0, 1\]"),
     (dict(init_new_token_ratio=1.5), ValueError, r"init_new_token_ratio=1.5 must be a number in \(0, 1\]"),
     (dict(min_new_token_ratio=NAN), ValueError, r"min_new_token_ratio=nan must be a finite number"),
+    (dict(min_new_token_ratio=0.0), ValueError, r"min_new_token_ratio=0.0 must be a number in \(0, 1\]"),
+    (dict(min_new_token_ratio=-0.1), ValueError, r"min_new_token_ratio=-0.1 must be a number in \(0, 1\]"),
     (dict(min_new_token_ratio=0.8), ValueError, r"min_new_token_ratio=0.8 must be <= init_new_token_ratio=0.7"),
     (dict(new_token_ratio_decay=-0.001), ValueError, r"new_token_ratio_decay=-0.001 must be a number in \[0, 1\]"),
     (dict(new_token_ratio_decay=NAN), ValueError, r"new_token_ratio_decay=nan must be a finite number"),
