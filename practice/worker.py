@@ -36,6 +36,14 @@ class Mismatch(Exception):
         self.lines = [line for block in lines for line in str(block).splitlines()]
 
 
+def require_functions(module, names):
+    """The learner's module, if it defines every function in names; else a Mismatch naming the missing."""
+    missing = [n for n in names if not callable(getattr(module, n, None))]
+    if missing:
+        raise Mismatch(f"your file must define the functions {', '.join(missing)}")
+    return module
+
+
 @dataclass
 class Case:
     name: str

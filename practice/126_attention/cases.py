@@ -14,16 +14,13 @@ import torch
 
 import nano_engine.mini_llm as ref
 from nano_engine.tiny import tiny_model
-from practice.worker import Case, Mismatch
+from practice.worker import Case, Mismatch, require_functions
 
 REFERENCE_FILE = ref.__file__
 
 
 def learner(module):
-    missing = [n for n in ("apply_rope", "attention") if not callable(getattr(module, n, None))]
-    if missing:
-        raise Mismatch(f"your file must define the functions {', '.join(missing)}")
-    return module
+    return require_functions(module, ("apply_rope", "attention"))
 
 
 def reference():

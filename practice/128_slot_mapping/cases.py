@@ -18,7 +18,7 @@ import torch
 import nano_engine.runner as ref
 from nano_engine.runner import SeqChunk
 from nano_engine.tiny import tiny_model
-from practice.worker import Case, Mismatch
+from practice.worker import Case, Mismatch, require_functions
 
 REFERENCE_FILE = ref.__file__
 FIELDS = ("input_ids", "positions", "slot_mapping", "query_start", "logits_indices")
@@ -31,10 +31,7 @@ def _slots(block_ids, start, end, block_size):
 
 
 def learner(module):
-    missing = [n for n in ("slot_mapping", "build_batch") if not callable(getattr(module, n, None))]
-    if missing:
-        raise Mismatch(f"your file must define the functions {', '.join(missing)}")
-    return module
+    return require_functions(module, ("slot_mapping", "build_batch"))
 
 
 def reference():

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from nano_engine import LLMEngine, SamplingParams, Scheduler
 from nano_engine.tiny import tiny_model
 from practice.endtoend import recording
-from practice.worker import Case, Mismatch
+from practice.worker import Case, Mismatch, require_functions
 
 MODEL = tiny_model(0)
 NAMES = ("max_decodes_per_step", "steps_to_finish", "prefill_tokens", "check_config")
@@ -19,10 +19,7 @@ REFERENCE_FILE = __file__
 
 
 def learner(module):
-    missing = [n for n in NAMES if not callable(getattr(module, n, None))]
-    if missing:
-        raise Mismatch(f"your file must define the functions {', '.join(missing)}")
-    return module
+    return require_functions(module, NAMES)
 
 
 def reference():

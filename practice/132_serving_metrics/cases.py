@@ -16,17 +16,14 @@ import numpy as np
 
 import nano_engine.benchmark_metrics as ref
 from nano_engine.benchmark_metrics import RequestRecord as R
-from practice.worker import Case, Mismatch
+from practice.worker import Case, Mismatch, require_functions
 
 REFERENCE_FILE = ref.__file__
 NAMES = ("ttft", "itls", "tpot", "e2el", "percentile", "calculate_metrics")
 
 
 def learner(module):
-    missing = [n for n in NAMES if not callable(getattr(module, n, None))]
-    if missing:
-        raise Mismatch(f"your file must define the functions {', '.join(missing)}")
-    return module
+    return require_functions(module, NAMES)
 
 
 def reference():
