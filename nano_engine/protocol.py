@@ -34,6 +34,7 @@ class _Common(BaseModel):
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     priority: int = 0
+    cache_salt: str | None = None  # vLLM's: prefix-cache blocks are shared only with the same salt
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None

@@ -81,6 +81,7 @@ class Request:
     generator: torch.Generator | None = None
     seq: int = 0  # arrival order; ties in arrival_time are broken by it
     block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of full blocks
+    cache_salt: str | None = None  # mixed into the first block's hash: shares only with the same salt
 
     def __post_init__(self):
         if self.sampling_params.seed is not None:

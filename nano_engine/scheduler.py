@@ -12,7 +12,7 @@ Each step hands out at most `max_num_batched_tokens` tokens so that requests cat
 2. Then the waiting requests, but only if nothing was preempted in this step (memory is short:
    admitting more would thrash), while budget is left and fewer than `max_num_seqs` run. A
    request starts from its longest prefix-cache hit; without chunked prefill one that does not
-   fit the budget waits; one whose blocks cannot be had waits.
+   fit the budget waits; one whose blocks cannot all be had waits (its hit untouched).
 
 `Scheduler` is this algorithm only (vLLM's default policy, fcfs), to be read next to the chapter's
 pseudo-code. Other policies are subclasses in policies.py overriding its hooks (next_waiting,
@@ -46,6 +46,9 @@ class SchedulerConfig:
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.001
     retract_decode_steps: int = 20
+    # vLLM's later admission rule (its default since 0.11): admit a waiting request only if blocks
+    # for its whole prompt are free, not only for its first chunk. Off: the classic V1 rule taught here.
+    scheduler_reserve_full_isl: bool = False
 
     def __post_init__(self):
         self.max_num_batched_tokens = checks.integer("max_num_batched_tokens", self.max_num_batched_tokens, minimum=1)
@@ -63,6 +66,7 @@ class SchedulerConfig:
         self.new_token_ratio_decay = checks.number("new_token_ratio_decay", self.new_token_ratio_decay,
                                                    minimum=0, maximum=1)
         self.retract_decode_steps = checks.integer("retract_decode_steps", self.retract_decode_steps, minimum=1)
+        self.scheduler_reserve_full_isl = checks.flag("scheduler_reserve_full_isl", self.scheduler_reserve_full_isl)
         if self.policy == "static":
             self.enable_chunked_prefill = False  # static batching prefills whole prompts
 
@@ -158,7 +162,7 @@ class Scheduler:
     def hashes(self, req: Request, num_blocks: int) -> list[bytes]:
         """Chained hashes of the request's first num_blocks full blocks (computed once, kept)."""
         if len(req.block_hashes) < num_blocks:
-            req.block_hashes = block_hashes(req.all_token_ids, self.block_size, num_blocks)
+            req.block_hashes = block_hashes(req.all_token_ids, self.block_size, num_blocks, req.cache_salt)
         return req.block_hashes[:num_blocks]
 
     def preempt(self, req: Request) -> None:
@@ -236,12 +240,18 @@ class Scheduler:
             n = min(n, budget)
             if not self.can_admit(req, n):
                 break
+            # All its blocks must be had before the hit is taken (a hit taken and given back would
+            # move to the back of the free queue as if used): those of this chunk, or of its whole
+            # prompt under scheduler_reserve_full_isl. Hit blocks that are free leave the free queue
+            # when taken, so they count against it too.
+            upto = req.num_tokens if cfg.scheduler_reserve_full_isl else num_hit + n
+            need = math.ceil(upto / self.block_size) - len(hit)
+            if need + sum(self.pool.ref_count[b] == 0 for b in hit) > self.pool.num_free:
+                break
             self.pool.touch(hit)
             req.block_ids, req.num_computed = list(hit), num_hit
-            if not self.allocate_slots(req, num_hit + n):
-                self.free_blocks(req)  # give the hit back
-                req.num_computed = 0
-                break
+            ok = self.allocate_slots(req, num_hit + n)
+            assert ok, "the blocks were counted before the hit was taken"
             self.waiting.remove(req)
             self.running.append(req)
             req.status = RequestStatus.RUNNING

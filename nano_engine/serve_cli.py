@@ -62,11 +62,26 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--scheduling-policy", choices=POLICIES, default="fcfs",
                     help="fcfs or priority as in vLLM (lower priority value first); also conservative "
                          "(SGLang's admission) and static")
+    ap.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction,
+                    default=d.scheduler_reserve_full_isl,
+                    help="admit a request only when blocks for its whole prompt are free (vLLM's default; "
+                         "off by default here: the classic rule, where the first chunk is enough)")
     ap.add_argument("--threads", type=_positive_int, help="torch threads (default: torch's choice)")
     ap.add_argument("--uvicorn-log-level", default="info",
                     choices=["critical", "error", "warning", "info", "debug", "trace"])
     ap.add_argument("--debug", action="store_true", help="print the traceback of a failure")
     return ap
+
+
+def engine_config(args) -> "EngineConfig":
+    """The EngineConfig of serve's flags (ValueError names a bad value)."""
+    from .engine import EngineConfig
+
+    return EngineConfig(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+                        enable_chunked_prefill=args.enable_chunked_prefill,
+                        enable_prefix_caching=args.enable_prefix_caching, block_size=args.block_size,
+                        num_blocks=args.num_blocks, policy=args.scheduling_policy,
+                        scheduler_reserve_full_isl=args.scheduler_reserve_full_isl)
 
 
 def served_name(args) -> str:
@@ -83,7 +98,7 @@ def run(ap: argparse.ArgumentParser, args) -> int:
     import uvicorn
 
     from .async_engine import AsyncLLM
-    from .engine import EngineConfig, LLMEngine
+    from .engine import LLMEngine
     from .loading import check_model, load_tokenizer
     from .mini_llm import Transformer
     from .server import build_app
@@ -91,10 +106,7 @@ def run(ap: argparse.ArgumentParser, args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        config = EngineConfig(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-                              enable_chunked_prefill=args.enable_chunked_prefill,
-                              enable_prefix_caching=args.enable_prefix_caching, block_size=args.block_size,
-                              num_blocks=args.num_blocks, policy=args.scheduling_policy)
+        config = engine_config(args)
     except ValueError as e:
         ap.error(str(e))
     path = check_model(args.model)

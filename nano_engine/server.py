@@ -134,7 +134,8 @@ class OpenAIServing:
         rid = f"{kind}-{uuid.uuid4().hex}"
         try:
             stream = await self.llm.add_request(ids, params, rid, priority=req.priority, stop=stop,
-                                                include_stop_str_in_output=req.include_stop_str_in_output)
+                                                include_stop_str_in_output=req.include_stop_str_in_output,
+                                                cache_salt=req.cache_salt)
         except EngineDeadError as e:
             raise APIError(str(e), None, 503, "ServiceUnavailableError") from e
         except (TypeError, ValueError) as e:

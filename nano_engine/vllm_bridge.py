@@ -45,6 +45,8 @@ SETTINGS = (
     Setting("policy", "scheduling_policy", "fcfs", "fcfs",
             "--schedule-policy (fcfs, lpm, ...); priority with --enable-priority-scheduling, higher value first "
             "unless --schedule-low-priority-values-first (vLLM: lower first)"),
+    Setting("scheduler_reserve_full_isl", "scheduler_reserve_full_isl", "on", "on",
+            "admits by the whole prompt and the estimated output always (see --schedule-conservativeness)"),
     Setting("dtype", "dtype", "auto (the checkpoint's)", "auto (bfloat16 for a bf16/fp16 checkpoint)", "--dtype"),
     Setting("max_model_len", "max_model_len", "the model's max_position_embeddings", "the same",
             "--context-length"),
@@ -64,7 +66,7 @@ def to_vllm(config: EngineConfig, dtype: str | None = None, max_model_len: int |
                          f"static batching")
     args = {VLLM_NAME[name]: getattr(config, name) for name in
             ("max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "enable_prefix_caching",
-             "block_size", "num_blocks", "policy")}
+             "block_size", "num_blocks", "policy", "scheduler_reserve_full_isl")}
     if dtype is not None:
         args["dtype"] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
         if args["dtype"] not in VLLM_DTYPES:
@@ -103,7 +105,7 @@ def settings_table() -> str:
 def main(argv=None) -> int:
     """`python -m nano_engine vllm-args [serve's flags]`: print the vLLM command for the same settings."""
     from .__main__ import guarded
-    from .serve_cli import build_parser, served_name
+    from .serve_cli import build_parser, engine_config, served_name
 
     ap = build_parser()
     ap.prog = "python -m nano_engine vllm-args"
@@ -113,11 +115,7 @@ def main(argv=None) -> int:
         from .loading import resolve_model_path
 
         try:
-            config = EngineConfig(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-                                  enable_chunked_prefill=args.enable_chunked_prefill,
-                                  enable_prefix_caching=args.enable_prefix_caching, block_size=args.block_size,
-                                  num_blocks=args.num_blocks, policy=args.scheduling_policy)
-            cmd = vllm_command(config, str(_hf_folder(resolve_model_path(args.model))), dtype=args.dtype,
+            cmd = vllm_command(engine_config(args), str(_hf_folder(resolve_model_path(args.model))), dtype=args.dtype,
                                host=args.host, port=args.port, served_model_name=served_name(args))
         except ValueError as e:
             ap.error(str(e))

@@ -82,12 +82,12 @@ def play(pool_cls, num_blocks: int, ops: list[str]) -> None:
             if len(done) > SHOWN:
                 head.append(f"  ... ({len(done) - SHOWN} earlier operations)")
             raise Mismatch(*head, *done[-SHOWN:], f"step {i + 1}: {op}", *rows,
-                           "hint: " + _hint(op, kind, before, want_err, got_err, pool))
+                           "hint: " + _hint(op, kind, before, want_err, got_err, pool, ref_pool))
         shown = want if want is not None else want_err and f"raises {type(want_err).__name__}"
         done.append(f"  {op:32} -> {shown}" if shown else f"  {op}")
 
 
-def _hint(op: str, kind: str, before: dict, want_err, got_err, pool) -> str:
+def _hint(op: str, kind: str, before: dict, want_err, got_err, pool, ref_pool) -> str:
     verb = op.rpartition(" = ")[2].split("(")[0]
     queue = before["free queue (next out first)"]
     if verb == "allocate":
@@ -119,11 +119,22 @@ def _hint(op: str, kind: str, before: dict, want_err, got_err, pool) -> str:
             if busy:
                 return (f"a block returns to the free queue only when its reference count drops to 0: block "
                         f"{busy[0]} is still held (count {pool.ref_count[busy[0]]})")
-            new = [b for b in list(pool.free_queue) if b not in queue]
-            if new and list(pool.free_queue)[:len(new)] == new and queue:
-                return ("a freed block joins the END of the free queue (self.free_queue[b] = None): the least "
-                        "recently freed block is reused first, so cached prefixes live as long as possible")
-            return ("freed blocks join the END of the free queue in the order given: the scheduler passes a "
+            got, want = list(pool.free_queue), list(ref_pool.free_queue)
+            new = [b for b in want if b not in queue]
+            named = [b for b in new if ref_pool.block_hash[b] is not None]
+            unnamed = [b for b in new if ref_pool.block_hash[b] is None]
+            if any(got.index(b) < len(got) - len(named) for b in named if b in got):
+                return ("a freed block that holds a cached prefix joins the END of the free queue "
+                        "(self.free_queue[b] = None): cached prefixes are evicted last, least recently freed first")
+            if any(got.index(b) >= len(unnamed) for b in unnamed if b in got):
+                return ("a freed block that holds no prefix (block_hash None) goes to the FRONT of the free queue "
+                        "(self.free_queue.move_to_end(b, last=False)): reusing it loses nothing, so it is reused "
+                        "before any cached prefix is evicted")
+            if got[:len(unnamed)] != unnamed:
+                return ("blocks that hold no prefix go to the FRONT in the order given: the first of them is handed "
+                        f"out first (expected the front to be {unnamed}); moving each to the front as it comes "
+                        "reverses them")
+            return ("freed blocks that hold a prefix join the END in the order given: the scheduler passes a "
                     "request's blocks in reverse, so that its tail blocks, the least likely to be shared, go first")
         if kind == "blocks holding a cached prefix":
             return "free keeps a block's cached prefix: it stays findable until allocate reuses the block"
@@ -207,5 +218,5 @@ def check_engine(pool_cls, ref_cls, settings: dict, workload, seed: int = 0, sha
     got_hits = {rid: r.num_cached_tokens for rid, r in reqs.items()}
     if got_hits != hits:
         raise Mismatch(f"{head}: prefix-cache hits (tokens) differ", f"  expected  {hits}", f"  got       {got_hits}",
-                       "hint: freed blocks join the END of the free queue, a request's tail first, so shared head "
-                       "blocks are evicted last")
+                       "hint: freed blocks that hold a prefix join the END of the free queue, a request's tail "
+                       "first, so shared head blocks are evicted last; blocks that hold none go to the FRONT")

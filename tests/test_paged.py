@@ -65,3 +65,29 @@ def test_paged_cache_slots():
     cache.write(0, slots, k, -k)
     assert torch.equal(cache.k[0][7], k[0]) and torch.equal(cache.v[0][1], -k[2])
     assert cache.nbytes == 2 * 4 * 2 * 3 * 4
+
+
+def test_freed_blocks_without_a_prefix_are_reused_before_anything_else():
+    """vLLM's block_pool.py: a freed block that names no prefix goes to the FRONT of the free queue
+    (nothing is lost by reusing it), a named one to the back, so cached prefixes are evicted last."""
+    pool = BlockPool(6)
+    a = pool.allocate(3)  # a request: two full blocks, named, and a partial tail block
+    pool.cache_blocks(a, block_hashes([1, 2, 3, 4, 5], 2))
+    b = pool.allocate(2)  # another request, nothing cached
+    pool.free(reversed(a))
+    assert list(pool.free_queue) == [a[2], 5, a[1], a[0]]  # the tail first, never-used next, prefixes last
+    pool.free(reversed(b))
+    assert list(pool.free_queue) == [b[1], b[0], a[2], 5, a[1], a[0]]  # in the order given, ahead of all
+    assert pool.allocate(4) == [b[1], b[0], a[2], 5]
+    assert pool.lookup(block_hashes([1, 2, 3, 4], 2)) == a[:2]  # the prefix outlived four allocations
+    pool.check()
+
+
+def test_a_cache_salt_renames_every_block_of_the_prompt():
+    """vLLM's cache_salt: mixed into the first block's hash, so through the chain into every block."""
+    tokens = list(range(1, 9))
+    plain, salted = block_hashes(tokens, 2), block_hashes(tokens, 2, cache_salt="alice")
+    assert len(salted) == 4 and not set(plain) & set(salted)
+    assert block_hashes(tokens, 2, cache_salt="alice") == salted
+    assert not set(salted) & set(block_hashes(tokens, 2, cache_salt="bob"))
+    assert block_hashes(tokens, 2, 2, cache_salt="alice") == salted[:2]

@@ -50,3 +50,23 @@ def test_a_prefix_hit_starts_at_the_hit_and_costs_only_the_rest(tiny):
     alone = LLMEngine(tiny, block_size=4).generate([system + [30, 31, 32]], SamplingParams(max_tokens=2))[0]
     engine.step()
     assert second.output_ids == alone.output_ids
+
+
+def test_a_cache_salt_shares_a_prefix_only_between_requests_with_the_same_salt(tiny):
+    engine = LLMEngine(tiny, block_size=4, max_num_batched_tokens=64)
+    prompt = list(range(1, 14))  # three full blocks before the last token
+    hits = {}
+    for rid, salt in [("a", "alice"), ("b", "bob"), ("c", None), ("d", "alice"), ("e", None)]:
+        engine.add_request(prompt, SamplingParams(max_tokens=1), request_id=rid, cache_salt=salt)
+        while engine.has_unfinished():
+            engine.step()
+        hits[rid] = engine.requests[rid].num_cached_tokens
+    assert hits == {"a": 0, "b": 0, "c": 0, "d": 12, "e": 12}
+    for bad, err in [("", "non-empty"), (3, "must be a str")]:
+        try:
+            engine.add_request(prompt, cache_salt=bad)
+        except (TypeError, ValueError) as e:
+            assert "cache_salt" in str(e) and err in str(e)
+        else:
+            raise AssertionError(f"cache_salt={bad!r} was accepted")
+    assert not engine.has_unfinished()

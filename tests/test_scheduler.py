@@ -180,6 +180,43 @@ def test_finished_blocks_join_the_free_queue_tail_first():
     assert s.pool.lookup(s.hashes(a, 2)) == [head, middle]
 
 
+def test_a_request_whose_blocks_cannot_all_be_had_leaves_its_prefix_hit_untouched():
+    """vLLM checks for all the blocks before it takes a hit (kv_cache_manager.py allocate_slots): a
+    hit taken and given back would move the cached blocks to the back of the free queue, as if used."""
+    s = make(num_blocks=8, block_size=4, max_num_batched_tokens=64)
+    a, c = add(s, "a", 9, max_tokens=1), add(s, "c", 9, max_tokens=1)
+    advance(s.schedule())
+    held = {r.request_id: list(r.block_ids) for r in (a, c)}
+    for r in (a, c):
+        s.pool.cache_blocks(r.block_ids, s.hashes(r, 2))
+        s.finish(r, "length")
+    big = add(s, "big", 15, max_tokens=4)  # four of the eight blocks
+    advance(s.schedule())
+    order = list(s.pool.free_queue)
+    assert order == held["a"][1::-1] + held["c"][1::-1]  # the named blocks, a's first
+    b = Request("b", a.prompt_ids[:8] + list(range(5000, 5012)), SamplingParams(max_tokens=2), seq=900,
+                arrival_time=900.0)
+    s.add_request(b)  # hits a's two cached blocks, needs three more: only two would be left
+    out = s.schedule()
+    assert plan(out) == [("big", 1, "decode")] and ids(s.waiting) == ["b"]
+    assert list(s.pool.free_queue) == order  # the hit was never taken, so nothing moved
+    assert (b.block_ids, b.num_computed) == ([], 0) and all(s.pool.ref_count[x] == 0 for x in held["a"][:2])
+    s.pool.check()
+
+
+@pytest.mark.parametrize("reserve", [False, True])
+def test_reserve_full_isl_admits_a_prompt_only_when_all_of_it_fits(reserve):
+    """vLLM's scheduler_reserve_full_isl: a waiting request is admitted only if blocks for its whole
+    prompt are free, not only for its first chunk (off, the classic rule: the first chunk is enough)."""
+    s = make(num_blocks=4, block_size=4, max_num_batched_tokens=9, scheduler_reserve_full_isl=reserve)
+    add(s, "a", 7, max_tokens=4)
+    advance(s.schedule())
+    b = add(s, "b", 12, max_tokens=1)  # three blocks in all; its first chunk of 8 tokens needs the two free ones
+    out = s.schedule()
+    assert plan(out) == [("a", 1, "decode")] + ([] if reserve else [("b", 8, "prefill")])
+    assert ids(s.waiting) == (["b"] if reserve else []) and len(b.block_ids) == (0 if reserve else 2)
+
+
 def test_a_preempted_request_frees_its_blocks_tail_first():
     s, a, c = _tail_preemption()
     blocks = list(c.block_ids)

@@ -163,6 +163,18 @@ def test_a_seeded_sampled_request_is_reproducible(server):
     assert len({sample(1234), sample(1), sample(2)}) > 1
 
 
+def test_a_cache_salt_keeps_cached_prefixes_apart(server):
+    prompt = "Salted prompts share cached blocks only with the same salt. " * 4
+
+    def cached(salt):
+        body = {"cache_salt": salt} if salt else {}
+        r = server.client.completions.create(model="smol", prompt=prompt, max_tokens=1, temperature=0, extra_body=body)
+        return r.usage.prompt_tokens_details.cached_tokens
+
+    assert cached("alice") == 0 and cached("bob") == 0 and cached(None) == 0
+    assert cached("alice") > 0 and cached(None) > 0 and cached("carol") == 0
+
+
 BAD = [
     ({"temperature": -1}, "temperature"), ({"temperature": "hot"}, "temperature"), ({"top_p": 0}, "top_p"),
     ({"top_p": 1.5}, "top_p"), ({"top_k": -2}, "top_k"), ({"max_tokens": 0}, "max_tokens"),
@@ -171,6 +183,7 @@ BAD = [
     ({"priority": 1}, "priority"), ({"logprobs": 2}, "logprobs"), ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"prompt": []}, "prompt"), ({"prompt": [10 ** 7]}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"),
     ({"prompt": None}, "prompt"), ({"stream_options": {"include_usage": True}}, "stream_options"), ({"stop_token_ids": [-1]}, "stop_token_ids"), ({"ignore_eos": "maybe"}, "ignore_eos"),
+    ({"cache_salt": ""}, "cache_salt"), ({"cache_salt": 5}, "cache_salt"),
 ]
 
 

@@ -52,7 +52,9 @@ def test_to_vllm_carries_every_value():
     assert cfg.to_vllm("bf16", 4096) == {
         "max_num_batched_tokens": 96, "max_num_seqs": 7, "enable_chunked_prefill": False,
         "enable_prefix_caching": False, "block_size": 32, "num_gpu_blocks_override": 41,
-        "scheduling_policy": "priority", "dtype": "bfloat16", "max_model_len": 4096}
+        "scheduling_policy": "priority", "scheduler_reserve_full_isl": False, "dtype": "bfloat16",
+        "max_model_len": 4096}
+    assert EngineConfig(scheduler_reserve_full_isl=True).to_vllm()["scheduler_reserve_full_isl"] is True
 
 
 def test_the_command_spells_booleans_as_vllm_does():

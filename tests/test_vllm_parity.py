@@ -66,4 +66,4 @@ def test_the_traces_cover_chunking_preemption_prefix_hits_and_priority():
     assert {"chunking", "preemption", "prefix_hit"} <= seen
     assert {"fcfs", "priority", "chunked=True", "chunked=False", "caching=True", "caching=False"} <= settings
     assert {json.loads(p.read_text())["nano_engine_differs"]["cause"] for p in DIFFERING} == {
-        "cache timing", "unnamed blocks reused first", "stop pass", "reserve_full_isl"}
+        "cache timing", "stop pass"}

@@ -9,7 +9,8 @@ nano_engine's BlockPool, which this class extends. Its __init__ sets up:
   self.ref_count    a list: how many requests hold each block (0 = free)
   self.free_queue   an OrderedDict whose keys are the free blocks, in the order they will be handed
                     out: next(iter(q)) is the next one, q.popitem(last=False) takes it,
-                    q[b] = None puts b at the end, del q[b] takes b out from anywhere
+                    q[b] = None puts b at the end, q.move_to_end(b, last=False) at the front,
+                    del q[b] takes b out from anywhere
   self.block_hash   a list: the name of the prefix a block holds, or None (prefix caching)
   self.cached       a dict: prefix name -> the block holding it
 
@@ -40,8 +41,12 @@ class BlockPool(BaseBlockPool):
     def free(self, block_ids: Iterable[int]) -> None:
         """Drop one reference to each block, in the order given (an iterable: it may be reversed(...)).
 
-        A block whose count drops to 0 joins the END of the free queue (it keeps its cached prefix
-        until allocate reuses it). Freeing a block whose count is already 0 raises RuntimeError.
+        A block whose count drops to 0 rejoins the free queue, where depends on what it holds:
+        - it holds a cached prefix (self.block_hash[b] is not None): at the END, keeping its prefix
+          until allocate reuses it;
+        - it holds none: at the FRONT (reusing it loses nothing), in the order given: the first of
+          them is handed out first (q.move_to_end(b, last=False) puts b at the front).
+        Freeing a block whose count is already 0 raises RuntimeError.
         """
         raise NotImplementedError
 

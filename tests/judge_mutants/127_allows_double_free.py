@@ -9,9 +9,16 @@ from model_127 import BlockPool as Model  # noqa: E402
 
 class BlockPool(Model):
     def free(self, block_ids):
+        front = []
         for b in block_ids:
             if self.ref_count[b] == 0:
                 continue  # MUTANT: should raise RuntimeError
             self.ref_count[b] -= 1
             if self.ref_count[b] == 0:
-                self.free_queue[b] = None
+                if self.block_hash[b] is None:
+                    front.append(b)
+                else:
+                    self.free_queue[b] = None
+        for b in reversed(front):
+            self.free_queue[b] = None
+            self.free_queue.move_to_end(b, last=False)

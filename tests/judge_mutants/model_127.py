@@ -25,12 +25,19 @@ class BlockPool(BaseBlockPool):
         return ids
 
     def free(self, block_ids):
+        front = []
         for b in block_ids:
             if self.ref_count[b] == 0:
                 raise RuntimeError(f"block {b} is already free")
             self.ref_count[b] -= 1
             if self.ref_count[b] == 0:
-                self.free_queue[b] = None
+                if self.block_hash[b] is None:
+                    front.append(b)
+                else:
+                    self.free_queue[b] = None
+        for b in reversed(front):
+            self.free_queue[b] = None
+            self.free_queue.move_to_end(b, last=False)
 
     def touch(self, block_ids):
         for b in block_ids:
