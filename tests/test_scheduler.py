@@ -515,3 +515,34 @@ def test_every_step_keeps_the_schedulers_invariants_in_random_scenarios(policy):
     if policy == "fcfs":  # fcfs preempts the tail: a victim is never ahead of the requester
         assert seen.pop("victim ahead") == 0
     assert all(seen.values()), seen  # the situations the invariants guard did happen
+
+
+def test_conservative_ratio_after_a_retraction_is_what_the_survivors_have_written():
+    """SGLang's re-estimate: (tokens the survivors decoded + retract_decode_steps per survivor) / their
+    max_tokens, capped at 1. Numbers by hand: two survivors with 9 outputs each of 30, 3 steps each."""
+    s = make(policy="conservative", num_blocks=9, block_size=4, max_num_batched_tokens=64,
+             init_new_token_ratio=0.1, min_new_token_ratio=0.1, new_token_ratio_decay=0.0, retract_decode_steps=3)
+    for rid in "abc":
+        add(s, rid, 4, max_tokens=30)
+    for _ in range(40):
+        out = s.schedule()
+        if out.preempted:
+            break
+        advance(out)
+    assert preempted(out) == ["a"] and [(r.request_id, len(r.output_ids)) for r in s.running] == [("b", 9), ("c", 9)]
+    assert s.new_token_ratio == pytest.approx((9 + 9 + 3 * 2) / (30 + 30)) == 0.4
+
+
+@pytest.mark.parametrize("max_tokens, admitted", [(23, True), (24, False)])
+def test_conservative_admits_exactly_up_to_its_headroom(max_tokens, admitted):
+    """Headroom = free slots - what the running requests will still write (remaining output x ratio).
+    By hand: 14 free blocks of 4 = 56 slots; a has 9 of 10 outputs to go, x 0.5 = 4.5: headroom 51.5.
+    b needs its 40 prompt tokens + max_tokens x 0.5: 51.5 fits exactly, 52 does not."""
+    s = make(policy="conservative", num_blocks=16, block_size=4, max_num_batched_tokens=128,
+             init_new_token_ratio=0.5, min_new_token_ratio=0.5, new_token_ratio_decay=0.0)
+    add(s, "a", 4, max_tokens=10)
+    advance(s.schedule())
+    add(s, "b", 40, max_tokens=max_tokens)
+    out = s.schedule()
+    assert s.headroom == (56 - 4.5) - (40 + max_tokens * 0.5 if admitted else 0)
+    assert plan(out) == [("a", 1, "decode")] + ([("b", 40, "prefill")] if admitted else [])
