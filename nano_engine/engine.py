@@ -120,6 +120,12 @@ class LLMEngine:
         if total > max_len:
             raise ValueError(f"prompt ({len(ids)}) + max_tokens ({params.max_tokens}) = {total} tokens, "
                              f"above the model's max_position_embeddings={max_len}")
+        vocab = self.model.config.vocab_size
+        for token in params.logit_bias or ():
+            if token >= vocab:
+                raise ValueError(f"logit_bias key {token} is outside the vocabulary [0, {vocab})")
+        if params.logprobs is not None and params.logprobs > vocab:
+            raise ValueError(f"logprobs={params.logprobs} must be <= the vocabulary size {vocab}")
         priority = checks.integer("priority", priority)
         cache_salt = checks.cache_salt(cache_salt)
         if arrival_time is not None:
@@ -188,9 +194,11 @@ class LLMEngine:
             if out.chunks:
                 logits = self.runner.forward(self._batch(out))
                 samplers = [c.request for c in out.chunks if c.start + c.n == c.request.num_tokens]
-                tokens = sample(logits, [r.sampling_params for r in samplers], [r.generator for r in samplers])
+                sampled = sample(logits, [r.sampling_params for r in samplers], [r.generator for r in samplers],
+                                 [r.prompt_ids for r in samplers], [r.output_ids for r in samplers],
+                                 sorted(self.eos_token_ids))
                 num_sampled = len(samplers)
-                self._update(out, dict(zip(map(id, samplers), tokens)), finished)
+                self._update(out, dict(zip(map(id, samplers), zip(sampled.token_ids, sampled.logprobs))), finished)
         except BaseException as e:
             self._fail(out, finished, t, e)
             raise
@@ -215,7 +223,7 @@ class LLMEngine:
                                    sample=c.start + c.n == req.num_tokens))
         return build_batch(chunks, self.config.block_size)
 
-    def _update(self, out: SchedulerOutput, sampled: dict[int, int], finished: list[Request]) -> None:
+    def _update(self, out: SchedulerOutput, sampled: dict[int, tuple], finished: list[Request]) -> None:
         now, bs = time.perf_counter(), self.config.block_size
         for c in out.chunks:
             req = c.request
@@ -223,10 +231,12 @@ class LLMEngine:
             # Full blocks now hold computed KV: name them so later prompts can share them.
             full = req.num_computed // bs
             self.block_pool.cache_blocks(req.block_ids, self.scheduler.hashes(req, full), c.start // bs)
-            token = sampled.get(id(req))
-            if token is None:
+            if id(req) not in sampled:
                 continue
+            token, logprobs = sampled[id(req)]
             req.output_ids.append(token)
+            if logprobs is not None:
+                req.logprobs.append(logprobs)
             req.token_times.append(now)
             sp = req.sampling_params
             if (token in self.eos_token_ids and not sp.ignore_eos) or token in sp.stop_token_ids:

@@ -9,6 +9,7 @@ The scheduler's job is to let `num_computed` catch up with `num_tokens`. Mirrors
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -25,6 +26,13 @@ SEED_MIN, SEED_MAX = -(2 ** 63), 2 ** 64 - 1
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """How one request picks its tokens; vLLM's names and meanings (`vllm/sampling_params.py`).
+
+    One default differs: temperature is 0.0 (greedy) here and 1.0 in vLLM. Greedy makes the engine's
+    tokens a function of the model alone, so tests and the chapters compare them with Hugging Face's
+    greedy generate and across batches token for token; sampling is asked for explicitly. The
+    server keeps OpenAI's and vLLM's default (1.0) for a request that sets no temperature.
+    """
     max_tokens: int = 64
     temperature: float = 0.0  # below SAMPLING_EPS = greedy
     top_p: float = 1.0  # 1 = no nucleus cut
@@ -32,6 +40,15 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    min_p: float = 0.0  # 0 = off; else drop tokens below min_p x the top token's probability
+    repetition_penalty: float = 1.0  # 1 = off; > 1 discourages tokens of the prompt and the output
+    presence_penalty: float = 0.0  # 0 = off; subtracted once from each token already in the output
+    frequency_penalty: float = 0.0  # 0 = off; subtracted once per occurrence in the output
+    # token id -> bias added to its logit (ids checked against the vocabulary at add_request). Left
+    # out of the hash (a dict has none), kept in ==.
+    logit_bias: dict[int, float] | None = field(default=None, hash=False)
+    min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens are out
+    logprobs: int | None = None  # None = none; k = the sampled token's logprob and the top k's
 
     def __post_init__(self):
         # Normalized values (NumPy scalars become Python ones) are written back: frozen dataclass.
@@ -50,10 +67,38 @@ class SamplingParams:
                 raise ValueError(f"stop_token_ids[{i}]={t} must be >= 0 (a token id)")
         put("stop_token_ids", tuple(stops))
         put("ignore_eos", checks.flag("ignore_eos", self.ignore_eos))
+        put("min_p", checks.number("min_p", self.min_p, minimum=0, maximum=1))
+        put("repetition_penalty", checks.number("repetition_penalty", self.repetition_penalty, minimum=0,
+                                                exclusive_minimum=True))
+        for name in ("presence_penalty", "frequency_penalty"):
+            put(name, checks.number(name, getattr(self, name), minimum=-2, maximum=2))
+        put("logit_bias", _logit_bias(self.logit_bias))
+        put("min_tokens", checks.integer("min_tokens", self.min_tokens, minimum=0))
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens={self.min_tokens} must be <= max_tokens={self.max_tokens}")
+        if self.logprobs is not None:
+            put("logprobs", checks.integer("logprobs", self.logprobs, minimum=0))
 
     @property
     def greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS
+
+
+# OpenAI's range for a logit bias (vLLM clamps to it): -100 bans a token in practice, +100 forces it.
+LOGIT_BIAS_MAX = 100.0
+
+
+def _logit_bias(value) -> dict[int, float] | None:
+    """A copy of {token id: bias} with plain ints and floats; None for None or an empty dict."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError(f"logit_bias={value!r} must be a dict of token id -> bias, got {type(value).__name__}")
+    out = {}
+    for token, bias in value.items():
+        t = checks.integer("logit_bias key", token, minimum=0)
+        out[t] = checks.number(f"logit_bias[{t}]", bias, minimum=-LOGIT_BIAS_MAX, maximum=LOGIT_BIAS_MAX)
+    return out or None
 
 
 class RequestStatus(enum.Enum):
@@ -82,6 +127,7 @@ class Request:
     seq: int = 0  # arrival order; ties in arrival_time are broken by it
     block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of full blocks
     cache_salt: str | None = None  # mixed into the first block's hash: shares only with the same salt
+    logprobs: list = field(default_factory=list)  # one sampling.SampleLogprobs per output token, if asked
 
     def __post_init__(self):
         if self.sampling_params.seed is not None:

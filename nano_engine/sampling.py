@@ -1,49 +1,202 @@
 """Sampling: turn each sampling row of logits into one token, by its own request's parameters.
 
-Greedy (temperature below SAMPLING_EPS) is an argmax. Otherwise, in vLLM's order: divide by the
-temperature first, then keep the top-k logits, keep the smallest set of tokens whose probability
-(after the temperature) reaches top_p, and draw one. A request with a seed draws from its own
-`torch.Generator`, so its tokens do not depend on what else shares the batch. Mirrors vLLM's
-`vllm/v1/sample/sampler.py` and `vllm/v1/sample/ops/topk_topp_sampler.py`.
+The steps, in the order of vLLM's `Sampler.forward` (`vllm/v1/sample/sampler.py`):
+
+1. logprobs, if asked for, from the RAW logits (vLLM's default logprobs_mode "raw_logprobs"): what
+   the model said, before any bias, penalty or temperature;
+2. logit bias and min_tokens (`vllm/v1/sample/logits_processor/builtin.py`: LogitBiasLogitsProcessor
+   adds each bias; MinTokensLogitsProcessor sets the stop tokens to -inf until min_tokens are out);
+3. penalties (`vllm/v1/sample/ops/penalties.py`, which calls `apply_penalties` in
+   `vllm/model_executor/layers/utils.py`): repetition over prompt + output tokens (a positive logit
+   is divided by it, a negative one multiplied), frequency by each token's count in the output,
+   presence by its occurrence in the output;
+4. greedy (temperature below SAMPLING_EPS): an argmax of what steps 2-3 left;
+5. otherwise temperature, min-p (MinPLogitsProcessor: drop tokens whose probability is below
+   min_p times the top one), top-k and top-p (`vllm/v1/sample/ops/topk_topp_sampler.py`), the draw.
+
+Steps 2-4 change what greedy picks; step 5 does not (vLLM's "argmax-invariant" processors). A
+request with a seed draws from its own `torch.Generator` and every step works on its own row only,
+so its tokens do not depend on what else shares the batch. A batch of plain greedy requests (no
+bias, penalty, min_tokens or logprobs) takes one argmax over all rows.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from .request import SamplingParams
+from .request import SAMPLING_EPS, SamplingParams
+
+NEG_INF = float("-inf")
 
 
-def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Set to -inf every logit outside the top-k and outside the top-p nucleus. logits: (V,)."""
+@dataclass
+class SampleLogprobs:
+    """The logprobs of one sampled token (from the raw logits) and the `k` most likely tokens."""
+    token_id: int
+    logprob: float
+    rank: int  # 1 = the most likely token (vLLM's rank)
+    top_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[SampleLogprobs | None]  # one per row; None where the request asked for none
+
+
+# ----- 1. logprobs -----
+
+def top_logprobs(logprobs: torch.Tensor, k: int) -> tuple[list[int], list[float]]:
+    """The k largest of logprobs (V,), largest first; equal values by ascending token id."""
+    values, ids = torch.sort(logprobs, descending=True, stable=True)
+    return ids[:k].tolist(), values[:k].tolist()
+
+
+def token_logprobs(raw_logits: torch.Tensor, token: int, k: int) -> SampleLogprobs:
+    logprobs = raw_logits.float().log_softmax(-1)  # (V,)
+    ids, values = top_logprobs(logprobs, k)
+    lp = logprobs[token]
+    return SampleLogprobs(token, float(lp), int((logprobs > lp).sum()) + 1, ids, values)
+
+
+# ----- 2. logit bias and min_tokens -----
+
+def apply_logit_bias(logits: torch.Tensor, logit_bias: Sequence[dict[int, float] | None]) -> torch.Tensor:
+    """Add each row's biases to its logits (B, V); a new tensor."""
+    logits = logits.clone()
+    for row, bias in enumerate(logit_bias):
+        for token, b in (bias or {}).items():
+            logits[row, token] += b
+    return logits
+
+
+def apply_min_tokens(logits: torch.Tensor, num_output: Sequence[int], min_tokens: Sequence[int],
+                     stop_ids: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Set a row's stop tokens (EOS and stop_token_ids) to -inf while it has fewer than min_tokens
+    output tokens; logits (B, V), a new tensor."""
+    logits = logits.clone()
+    for row, (n, m, stops) in enumerate(zip(num_output, min_tokens, stop_ids)):
+        if n < m and stops:
+            logits[row, list(stops)] = NEG_INF
+    return logits
+
+
+# ----- 3. penalties -----
+
+def apply_penalties(logits: torch.Tensor, prompt_ids: Sequence[Sequence[int]], output_ids: Sequence[Sequence[int]],
+                    repetition_penalty: Sequence[float], frequency_penalty: Sequence[float],
+                    presence_penalty: Sequence[float]) -> torch.Tensor:
+    """Repetition, frequency and presence penalties of each row of logits (B, V); a new tensor.
+
+    Repetition (1 = off) touches every token seen in the prompt or the output: a positive logit is
+    divided by it, a negative one multiplied, so a penalty > 1 always makes the token less likely.
+    Frequency subtracts penalty x (the token's count in the output); presence subtracts the penalty
+    once if the token is in the output (both 0 = off; the prompt does not count for either).
+    """
+    out = logits.clone()
+    vocab = logits.shape[-1]
+    for row in range(logits.shape[0]):
+        r, f, p = float(repetition_penalty[row]), float(frequency_penalty[row]), float(presence_penalty[row])
+        counts = torch.bincount(torch.tensor(list(output_ids[row]), dtype=torch.long), minlength=vocab)  # (V,)
+        in_output = counts > 0
+        x = out[row]
+        if r != 1.0:
+            seen = in_output.clone()
+            seen[torch.tensor(list(prompt_ids[row]), dtype=torch.long)] = True
+            x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
+        if f != 0.0:
+            x = x - f * counts.to(x.dtype)
+        if p != 0.0:
+            x = x - p * in_output.to(x.dtype)
+        out[row] = x
+    return out
+
+
+# ----- 5. temperature, min-p, top-k, top-p, the draw -----
+
+def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Set to -inf every logit whose probability is below min_p x the largest probability. (V,)."""
+    if min_p <= 0.0:
+        return logits
+    probs = logits.softmax(-1)
+    return logits.masked_fill(probs < min_p * probs.max(), NEG_INF)
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float = 0.0) -> torch.Tensor:
+    """Min-p, then top-k, then top-p on logits (V,) already divided by the temperature; -inf outside.
+
+    Top-k keeps every logit equal to the k-th largest (ties at the boundary all stay). Top-p keeps the
+    smallest set of most likely tokens whose probabilities reach top_p, including the token that
+    crosses it (p = 0.6 over 0.4, 0.3, 0.2, 0.1 keeps 0.4 and 0.3), always at least one token; it is
+    taken over the probabilities left after min-p and top-k, renormalized.
+    """
+    logits = apply_min_p(logits, min_p)
     if 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        logits = logits.masked_fill(logits < kth, NEG_INF)
     if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
+        sorted_logits, order = torch.sort(logits, descending=True, stable=True)
         probs = sorted_logits.softmax(-1)
         # Drop a token when the tokens before it already reach top_p. The first token always stays,
         # also when top_p rounds to 0 in the logits' dtype: a row of only -inf would be NaN.
         drop = (probs.cumsum(-1) - probs) >= top_p
         drop[0] = False
-        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), NEG_INF)
     return logits
 
 
+def distribution(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
+                 min_p: float = 0.0) -> torch.Tensor:
+    """The probabilities (V,) a token is drawn from: temperature, then filter_logits, then softmax.
+    Greedy (temperature below SAMPLING_EPS) is all the mass on the first largest logit."""
+    if temperature < SAMPLING_EPS:
+        return torch.zeros(logits.shape[-1], dtype=torch.float32).scatter(0, logits.argmax(-1, keepdim=True), 1.0)
+    return filter_logits(logits.float() / temperature, top_k, top_p, min_p).softmax(-1)
+
+
 def sample_one(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """One token from one row of logits (V,)."""
+    """One token from one row of (already biased and penalized) logits (V,)."""
     if params.greedy:
         return int(logits.argmax())
-    logits = filter_logits(logits.float() / params.temperature, params.top_k, params.top_p)
-    probs = logits.softmax(-1)
+    probs = distribution(logits, params.temperature, params.top_k, params.top_p, params.min_p)
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
-           generators: Sequence[torch.Generator | None]) -> list[int]:
-    """One token per row of logits (rows, V), row i by params[i] and generators[i]."""
-    if all(p.greedy for p in params):
-        return logits.argmax(-1).tolist()  # one call for the common case
-    return [sample_one(row, p, g) for row, p, g in zip(logits, params, generators)]
+# ----- the whole pipeline -----
+
+def needs_history(p: SamplingParams) -> bool:
+    """Whether this request's logits change with what it has generated (or asked for logprobs)."""
+    return (p.logit_bias is not None or p.min_tokens > 0 or p.logprobs is not None or p.repetition_penalty != 1.0
+            or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0)
+
+
+def sample(logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
+           prompt_ids: Sequence[Sequence[int]] | None = None, output_ids: Sequence[Sequence[int]] | None = None,
+           eos_token_ids: Sequence[int] = ()) -> SamplerOutput:
+    """One token per row of logits (rows, V), row i by params[i], generators[i] and its history
+    (prompt_ids[i], output_ids[i]: needed for penalties and min_tokens; empty if not given)."""
+    rows = len(params)
+    if all(p.greedy and not needs_history(p) for p in params):
+        return SamplerOutput(logits.argmax(-1).tolist(), [None] * rows)  # one call for the common case
+    prompt_ids = prompt_ids if prompt_ids is not None else [()] * rows
+    output_ids = output_ids if output_ids is not None else [()] * rows
+    tokens, logprobs = [], []
+    for i, p in enumerate(params):
+        row = logits[i:i + 1].float()  # (1, V): every step on this row alone, so batches cannot mix
+        raw = row[0]
+        if p.logit_bias is not None:
+            row = apply_logit_bias(row, [p.logit_bias])
+        if p.min_tokens > 0:
+            stops = list(p.stop_token_ids) + ([] if p.ignore_eos else sorted(eos_token_ids))
+            row = apply_min_tokens(row, [len(output_ids[i])], [p.min_tokens], [stops])
+        if p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
+            row = apply_penalties(row, [prompt_ids[i]], [output_ids[i]], [p.repetition_penalty],
+                                  [p.frequency_penalty], [p.presence_penalty])
+        token = sample_one(row[0], p, generators[i])
+        tokens.append(token)
+        logprobs.append(None if p.logprobs is None else token_logprobs(raw, token, p.logprobs))
+    return SamplerOutput(tokens, logprobs)

@@ -53,13 +53,21 @@ SAMPLING_FIELDS = {
     "stop_token_ids": st.one_of(st.lists(st.integers(-2, 80), max_size=3), st.lists(wild, max_size=2),
                                 st.integers(0, 3).map(lambda n: np.arange(n)), st.just(torch.tensor([1.0]))),
     "ignore_eos": st.booleans(),
+    "min_p": st.one_of(st.floats(-0.5, 1.5), st.sampled_from([0.0, 1.0])),
+    "repetition_penalty": st.one_of(st.floats(-1, 3), st.sampled_from([0.0, 1.0, 5e-324])),
+    "presence_penalty": st.one_of(st.floats(-3, 3), st.sampled_from([-2.0, 2.0])),
+    "frequency_penalty": st.one_of(st.floats(-3, 3), st.sampled_from([-2.0, 2.0])),
+    "logit_bias": st.one_of(st.none(), st.dictionaries(st.integers(-2, 80), st.floats(-120, 120), max_size=3),
+                            st.dictionaries(wild.filter(lambda v: v.__hash__ is not None), wild, max_size=2)),
+    "min_tokens": st.integers(-2, 12),
+    "logprobs": st.one_of(st.none(), st.integers(-2, 30)),
 }
 
 
 @st.composite
 def sampling_kwargs(draw):
     """A few fields, each a plausible value or anything at all."""
-    names = draw(st.lists(st.sampled_from(sorted(SAMPLING_FIELDS)), unique=True, max_size=4))
+    names = draw(st.lists(st.sampled_from(sorted(SAMPLING_FIELDS)), unique=True, max_size=5))
     return {n: draw(st.one_of(SAMPLING_FIELDS[n], wild)) for n in names}
 
 
@@ -75,6 +83,13 @@ def test_sampling_params(kw):
         assert sp.seed is None or type(sp.seed) is int
         assert all(type(t) is int and t >= 0 for t in sp.stop_token_ids)
         assert type(sp.ignore_eos) is bool
+        assert type(sp.min_p) is float and 0 <= sp.min_p <= 1
+        assert type(sp.repetition_penalty) is float and sp.repetition_penalty > 0
+        assert all(type(v) is float and -2 <= v <= 2 for v in (sp.presence_penalty, sp.frequency_penalty))
+        assert sp.logit_bias is None or (sp.logit_bias and all(
+            type(t) is int and t >= 0 and type(b) is float and -100 <= b <= 100 for t, b in sp.logit_bias.items()))
+        assert type(sp.min_tokens) is int and 0 <= sp.min_tokens <= sp.max_tokens
+        assert sp.logprobs is None or (type(sp.logprobs) is int and sp.logprobs >= 0)
         torch.Generator().manual_seed(sp.seed or 0)  # any accepted seed is one torch takes
 
 
@@ -111,7 +126,8 @@ bad_prompts = st.one_of(
         [float(t) for t in p], [True] + p])),
     wild)
 prompts = st.one_of(good_prompts, good_prompts, bad_prompts)  # one_of draws its branches about evenly
-ADD_FIELDS = ["prompt_ids", "sampling_params", "request_id", "priority", "arrival_time", "max_tokens"]
+ADD_FIELDS = ["prompt_ids", "sampling_params", "request_id", "priority", "arrival_time", "max_tokens", "logit_bias",
+              "logprobs"]
 
 
 def snapshot(engine):
@@ -127,7 +143,12 @@ def alone(prompt: tuple, max_tokens: int) -> list[int]:
 
 
 ADD_ARGS = {  # argument: its plausible values (the wild ones are `wild`)
-    "sampling_params": st.one_of(st.none(), st.builds(SamplingParams, max_tokens=st.integers(1, 100))),
+    "sampling_params": st.one_of(st.none(), st.builds(SamplingParams, max_tokens=st.integers(1, 100)),
+                                 st.builds(SamplingParams, max_tokens=st.integers(1, 8), temperature=st.floats(0, 2),
+                                           seed=st.integers(0, 9), logprobs=st.none() | st.integers(0, VOCAB + 2),
+                                           logit_bias=st.dictionaries(st.integers(0, VOCAB + 2),
+                                                                      st.floats(-100, 100), max_size=2),
+                                           repetition_penalty=st.floats(0.5, 2), min_tokens=st.integers(0, 1))),
     "request_id": st.one_of(st.none(), st.sampled_from(["a", "b", "0", "1", ""])),
     "priority": st.integers(-3, 3),
     "arrival_time": st.one_of(st.none(), st.floats(0, 1e9)),
