@@ -51,6 +51,8 @@ class RequestOutput:
     finished: bool = False
     finish_reason: str | None = None  # "stop", "length", "abort" or "error"
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
+    # One sampling.SampleLogprobs per new token (from the raw logits), if the request asked for logprobs
+    logprobs: list | None = None
 
 
 class EngineDeadError(RuntimeError):
@@ -247,7 +249,8 @@ class AsyncLLM:
             out = RequestOutput(
                 rid, list(new_ids), text, list(req.token_times[stream.num_sent:]), req.num_prompt_tokens,
                 max(req.num_cached_tokens, 0), len(req.output_ids), req.arrival_time,
-                req.is_finished, req.finish_reason, stream.stop_reason if req.is_finished else None)
+                req.is_finished, req.finish_reason, stream.stop_reason if req.is_finished else None,
+                list(req.logprobs[stream.num_sent:]) if sp.logprobs is not None else None)
             stream.num_sent = len(req.output_ids)
             if req.is_finished:
                 self.engine.release(rid)

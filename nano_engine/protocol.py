@@ -2,9 +2,10 @@
 
 Field names and defaults follow OpenAI's API and vLLM's extras (`vllm/entrypoints/openai/protocol.py`:
 CompletionRequest, ChatCompletionRequest, ErrorResponse): `top_k`, `ignore_eos`, `stop_token_ids`,
-`include_stop_str_in_output` and `priority` are vLLM's, not OpenAI's. Unknown fields are accepted and
-ignored (clients send extras), but a field that asks for something this engine does not do (n > 1,
-logprobs, penalties, ...) is refused with a 400 naming it, never silently dropped.
+`include_stop_str_in_output`, `priority`, `repetition_penalty`, `min_p` and `min_tokens` are vLLM's,
+not OpenAI's. Unknown fields are accepted and ignored (clients send extras), but a field that asks for
+something this engine does not do (n > 1, best_of, echo, tools, ...) is refused with a 400 naming it,
+never silently dropped.
 """
 
 from __future__ import annotations
@@ -39,20 +40,20 @@ class _Common(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    presence_penalty: float | None = None  # None: 0 (off)
+    frequency_penalty: float | None = None  # None: 0 (off)
+    repetition_penalty: float | None = None  # vLLM's; None: 1 (off)
+    logit_bias: dict[str, float] | None = None  # token id (as a string, OpenAI's JSON) -> bias in [-100, 100]
+    min_p: float | None = None  # vLLM's; None: 0 (off)
+    min_tokens: int = 0  # vLLM's
+    top_logprobs: int | None = None  # chat only (with logprobs=true): how many alternatives per token
     # Asked for, but not done by this engine: refused when set to anything but their defaults.
-    presence_penalty: float | None = 0.0
-    frequency_penalty: float | None = 0.0
-    repetition_penalty: float | None = 1.0
-    logit_bias: dict[str, float] | None = None
-    min_p: float | None = 0.0
-    min_tokens: int = 0
     best_of: int | None = None
-    top_logprobs: int | None = None
 
 
 class CompletionRequest(_Common):
     prompt: str | list[int] | list[str] | list[list[int]]
-    logprobs: int | None = None
+    logprobs: int | None = None  # the top-k alternatives per token (0: the sampled token's logprob only)
     echo: bool = False
     suffix: str | None = None
 
@@ -66,16 +67,15 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
-    logprobs: bool = False
+    logprobs: bool = False  # the sampled tokens' logprobs; top_logprobs alternatives with each
     tools: list[dict[str, Any]] | None = None
     response_format: dict[str, Any] | None = None
 
 
 # field -> the value meaning "not asked for"
-UNSUPPORTED = {"presence_penalty": (0.0, None), "frequency_penalty": (0.0, None),
-               "repetition_penalty": (1.0, None), "logit_bias": (None, {}), "min_p": (0.0, None),
-               "min_tokens": (0,), "best_of": (None, 1), "top_logprobs": (None, 0), "logprobs": (None, False, 0),
-               "echo": (False,), "suffix": (None, ""), "tools": (None, [])}
+UNSUPPORTED = {"best_of": (None, 1), "echo": (False,), "suffix": (None, ""), "tools": (None, [])}
+# vLLM's default --max-logprobs: the most alternatives per token a request may ask for.
+MAX_LOGPROBS = 20
 
 
 class APIError(Exception):
@@ -100,6 +100,14 @@ def check_supported(req: _Common) -> None:
         raise APIError("stream_options can only be set when stream is true", "stream_options")
     if req.n != 1:
         raise APIError(f"n={req.n} is not supported: this server returns one choice per request (n=1)", "n")
+    chat = isinstance(req, ChatCompletionRequest)
+    k, name = (req.top_logprobs, "top_logprobs") if chat else (req.logprobs, "logprobs")
+    if k is not None and not 0 <= k <= MAX_LOGPROBS:
+        raise APIError(f"{name}={k} must be in [0, {MAX_LOGPROBS}]", name)
+    if chat and k is not None and k > 0 and not req.logprobs:
+        raise APIError(f"top_logprobs={k} needs logprobs=true", "top_logprobs")
+    if not chat and req.top_logprobs is not None:
+        raise APIError("top_logprobs is a chat parameter: completions take logprobs=<int>", "top_logprobs")
     fmt = getattr(req, "response_format", None)
     if fmt not in (None, {"type": "text"}):
         raise APIError(f"response_format={fmt!r} is not supported (only {{'type': 'text'}})", "response_format")

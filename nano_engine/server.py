@@ -114,7 +114,10 @@ class OpenAIServing:
             params = SamplingParams(
                 max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
                 top_p=1.0 if req.top_p is None else req.top_p, top_k=0 if top_k == -1 else top_k,
-                seed=req.seed, stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos)
+                seed=req.seed, stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos,
+                min_p=_or(req.min_p, 0.0), repetition_penalty=_or(req.repetition_penalty, 1.0),
+                presence_penalty=_or(req.presence_penalty, 0.0), frequency_penalty=_or(req.frequency_penalty, 0.0),
+                logit_bias=_logit_bias(req.logit_bias), min_tokens=req.min_tokens, logprobs=_num_logprobs(req))
         except (TypeError, ValueError) as e:
             raise APIError(str(e), param_of(e, {"max_tokens": max_param})) from e
         return params, max_param
@@ -149,12 +152,38 @@ class OpenAIServing:
         return {"prompt_tokens": num_prompt, "completion_tokens": done, "total_tokens": num_prompt + done,
                 "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens if out else 0}}
 
-    def _choice(self, chat: bool, text: str, out: RequestOutput, delta: bool, first: bool = False) -> dict:
+    def _logprobs(self, chat: bool, lps: list | None, offset: int) -> dict | None:
+        """OpenAI's logprobs object for these tokens (sampling.SampleLogprobs); completions' text_offset
+        counts from `offset`, the length of the text of the tokens before them."""
+        if lps is None:
+            return None
+        with self.llm.tokenizer_lock:
+            def text(t: int) -> str:
+                return self.tokenizer.decode([t])
+
+            if chat:
+                return {"content": [{
+                    "token": text(x.token_id), "logprob": x.logprob, "bytes": list(text(x.token_id).encode()),
+                    "top_logprobs": [{"token": text(t), "logprob": v, "bytes": list(text(t).encode())}
+                                     for t, v in zip(x.top_ids, x.top_logprobs)]} for x in lps]}
+            tokens, offsets = [], []
+            for x in lps:
+                offsets.append(offset)
+                tokens.append(text(x.token_id))
+                offset += len(tokens[-1])
+            # vLLM's: the top alternatives and the sampled token, which may be one of them
+            tops = [{**{text(t): v for t, v in zip(x.top_ids, x.top_logprobs)}, tok: x.logprob}
+                    for x, tok in zip(lps, tokens)]
+            return {"tokens": tokens, "token_logprobs": [x.logprob for x in lps], "top_logprobs": tops,
+                    "text_offset": offsets}
+
+    def _choice(self, chat: bool, text: str, out: RequestOutput, delta: bool, first: bool = False,
+                logprobs: dict | None = None) -> dict:
         reason = out.finish_reason if out.finished else None
         if reason == "error":
             raise APIError("the engine failed while running this request (see the server's log)", None, 500,
                            "InternalServerError")
-        choice = {"index": 0, "logprobs": None, "finish_reason": reason, "stop_reason": out.stop_reason}
+        choice = {"index": 0, "logprobs": logprobs, "finish_reason": reason, "stop_reason": out.stop_reason}
         if not chat:
             choice["text"] = text
         elif delta:
@@ -171,26 +200,35 @@ class OpenAIServing:
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(self._sse(stream, head, chat, num_prompt, usage), media_type="text/event-stream")
-        text, last = [], None
+        text, last, lps = [], None, None
         async with stream:
             async for out in stream:
                 text.append(out.new_text)
                 last = out
+                if out.logprobs is not None:
+                    lps = (lps or []) + out.logprobs
         body = {**head, "object": "chat.completion" if chat else "text_completion",
-                "choices": [self._choice(chat, "".join(text), last, delta=False)],
+                "choices": [self._choice(chat, "".join(text), last, delta=False,
+                                         logprobs=self._logprobs(chat, lps, 0))],
                 "usage": self._usage(num_prompt, last)}
         return JSONResponse(body)
 
     async def _sse(self, stream: RequestStream, head: dict, chat: bool, num_prompt: int, usage: bool):
         obj = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
-        last, first = None, chat
+        last, first, pending, offset = None, chat, None, 0
         try:
             async with stream:
                 async for out in stream:
                     last = out
+                    if out.logprobs is not None:  # sent with the next chunk that goes out
+                        pending = (pending or []) + out.logprobs
                     if not (out.new_text or out.finished or first):
                         continue  # text held back (half a character, a possible stop string)
-                    choice = self._choice(chat, out.new_text, out, delta=True, first=first)
+                    lps = self._logprobs(chat, pending, offset)
+                    if lps is not None and not chat:
+                        offset += sum(map(len, lps["tokens"]))
+                    pending = None if pending is None else []
+                    choice = self._choice(chat, out.new_text, out, delta=True, first=first, logprobs=lps)
                     first = False
                     yield _event({**obj, "choices": [choice]})
             if usage:
@@ -198,6 +236,30 @@ class OpenAIServing:
         except APIError as e:
             yield _event(e.body())
         yield "data: [DONE]\n\n"
+
+
+def _or(value, default):
+    return default if value is None else value
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's logit_bias (token ids as JSON strings) with int keys; SamplingParams checks the rest."""
+    if bias is None:
+        return None
+    out = {}
+    for key, value in bias.items():
+        try:
+            out[int(key)] = value
+        except ValueError:
+            raise ValueError(f"logit_bias key {key!r} must be a token id (an integer)") from None
+    return out
+
+
+def _num_logprobs(req) -> int | None:
+    """How many alternatives per token: completions' logprobs, or chat's top_logprobs when logprobs=true."""
+    if isinstance(req, ChatCompletionRequest):
+        return (req.top_logprobs or 0) if req.logprobs else None
+    return req.logprobs
 
 
 def _text(content, i: int) -> str:

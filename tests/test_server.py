@@ -180,7 +180,12 @@ BAD = [
     ({"top_p": 1.5}, "top_p"), ({"top_k": -2}, "top_k"), ({"max_tokens": 0}, "max_tokens"),
     ({"max_tokens": 9000}, "max_tokens"), ({"max_tokens": NUM_BLOCKS * BLOCK_SIZE + 10}, "max_tokens"),
     ({"seed": 2 ** 70}, "seed"), ({"n": 2}, "n"), ({"stop": [""]}, "stop"), ({"stop": 5}, "stop"),
-    ({"priority": 1}, "priority"), ({"logprobs": 2}, "logprobs"), ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"priority": 1}, "priority"), ({"logprobs": 21}, "logprobs"), ({"logprobs": -1}, "logprobs"),
+    ({"presence_penalty": 2.5}, "presence_penalty"), ({"frequency_penalty": -2.01}, "frequency_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"), ({"min_p": 1.5}, "min_p"), ({"min_tokens": -1}, "min_tokens"),
+    ({"min_tokens": 5}, "min_tokens"), ({"logit_bias": {"7": 101}}, "logit_bias"),
+    ({"logit_bias": {"x": 1}}, "logit_bias"), ({"logit_bias": {"10000000": 1}}, "logit_bias"),
+    ({"logit_bias": {"-1": 1}}, "logit_bias"), ({"top_logprobs": 2}, "top_logprobs"), ({"best_of": 2}, "best_of"),
     ({"prompt": []}, "prompt"), ({"prompt": [10 ** 7]}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"),
     ({"prompt": None}, "prompt"), ({"stream_options": {"include_usage": True}}, "stream_options"), ({"stop_token_ids": [-1]}, "stop_token_ids"), ({"ignore_eos": "maybe"}, "ignore_eos"),
     ({"cache_salt": ""}, "cache_salt"), ({"cache_salt": 5}, "cache_salt"),
@@ -209,8 +214,70 @@ def test_bad_chat_values_and_an_unknown_model(server):
         server.client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "x"}],
                                               max_completion_tokens=9000)
     assert e.value.param == "max_completion_tokens"
+    hi = [{"role": "user", "content": "hi"}]
+    for kw, param in (({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                      ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools")):
+        with pytest.raises(openai.BadRequestError) as e:
+            server.client.chat.completions.create(model="smol", messages=hi, max_tokens=4, **kw)
+        assert e.value.param == param, e.value.message
     r = httpx.post(f"{server.url}/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_sampling_parameters_are_accepted_and_change_what_they_must(server):
+    """The rows that were refused before (penalties, logprobs) are served now, with their effect."""
+    ids = server.tok("The capital of France is")["input_ids"]
+    plain = server.client.completions.create(model="smol", prompt=ids, max_tokens=8, temperature=0)
+    first = reference(server, ids, 1)[0]
+    banned = server.client.completions.create(model="smol", prompt=ids, max_tokens=8, temperature=0,
+                                              logit_bias={str(first): -100}, presence_penalty=0.5)
+    assert plain.choices[0].text != banned.choices[0].text
+    assert not server.tok(banned.choices[0].text)["input_ids"][:1] == [first]
+    forced = server.client.completions.create(model="smol", prompt=ids, max_tokens=3, temperature=0,
+                                              logit_bias={str(server.tok.eos_token_id): 100},
+                                              extra_body={"min_tokens": 2, "repetition_penalty": 1.2, "min_p": 0.1})
+    assert forced.usage.completion_tokens == 3 and forced.choices[0].finish_reason == "stop"
+
+
+def test_completion_logprobs_streamed_and_not(server):
+    ids = server.tok("The capital of France is")["input_ids"]
+    want = reference(server, ids, 6)
+    r = server.client.completions.create(model="smol", prompt=ids, max_tokens=6, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert lp.tokens == [server.tok.decode([t]) for t in want] and "".join(lp.tokens) == r.choices[0].text
+    assert lp.text_offset == [sum(map(len, lp.tokens[:i])) for i in range(len(want))]
+    for tok, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert value <= 0 and top[tok] == value == max(top.values()) and len(top) == 2  # greedy: it is the top one
+    stream = list(server.client.completions.create(model="smol", prompt=ids, max_tokens=6, temperature=0,
+                                                   logprobs=2, stream=True))
+    streamed = [c.choices[0].logprobs for c in stream if c.choices[0].logprobs is not None]
+    assert sum((x.tokens for x in streamed), []) == lp.tokens
+    assert sum((x.token_logprobs for x in streamed), []) == lp.token_logprobs
+    assert sum((x.text_offset for x in streamed), []) == lp.text_offset
+    none = server.client.completions.create(model="smol", prompt=ids, max_tokens=2, temperature=0)
+    assert none.choices[0].logprobs is None
+
+
+def test_chat_logprobs_streamed_and_not(server):
+    messages = [{"role": "user", "content": "Name a planet."}]
+    want = reference(server, chat_ids(server, messages[0]["content"]), 5)
+    r = server.client.chat.completions.create(model="smol", messages=messages, max_tokens=5, temperature=0,
+                                              logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert [c.token for c in content] == [server.tok.decode([t]) for t in want]
+    for c in content:
+        assert len(c.top_logprobs) == 3 and c.top_logprobs[0].token == c.token
+        assert c.top_logprobs[0].logprob == c.logprob >= c.top_logprobs[1].logprob >= c.top_logprobs[2].logprob
+        assert bytes(c.bytes).decode() == c.token
+    chunks = list(server.client.chat.completions.create(model="smol", messages=messages, max_tokens=5,
+                                                        temperature=0, logprobs=True, stream=True))
+    streamed = sum((c.choices[0].logprobs.content for c in chunks if c.choices[0].logprobs), [])
+    assert [(c.token, c.logprob) for c in streamed] == [(c.token, c.logprob) for c in content]
+    assert all(c.top_logprobs == [] for c in streamed)  # logprobs without top_logprobs: no alternatives
+    sampled = server.client.chat.completions.create(model="smol", messages=messages, max_tokens=5, temperature=1.0,
+                                                    seed=3, logprobs=True, top_logprobs=1)
+    # sampled: the token's logprob is still the raw model's, whatever the draw
+    assert all(c.logprob <= c.top_logprobs[0].logprob for c in sampled.choices[0].logprobs.content)
 
 
 def test_a_stream_closed_after_two_chunks_frees_everything(server):
