@@ -1,0 +1,201 @@
+"""Cases of exercise 135: the learner's filter_logits and distribution against nano_engine.sampling.
+
+Hand-made boundaries first, one rule per case (top-k and its ties, top-p and the token that crosses,
+min-p relative to the top probability, their order, temperature and greedy), each with the hint of
+its rule; then seeded random logits and parameters. The set of kept tokens must be exactly the
+reference's, the kept logits unchanged and the probabilities equal to 1e-6; the input must come back
+untouched. Random cases avoid inputs whose cumulative probability or min-p ratio falls within 1e-6
+of the threshold, where float rounding alone could decide.
+"""
+
+import math
+import random
+from types import SimpleNamespace
+
+import torch
+
+import nano_engine.sampling as ref
+from nano_engine.request import SAMPLING_EPS
+from practice.worker import Case, Mismatch, require_functions
+
+REFERENCE_FILE = ref.__file__
+NAMES = ("filter_logits", "distribution")
+ATOL = 1e-6
+
+
+def learner(module):
+    return require_functions(module, NAMES)
+
+
+def reference():
+    return SimpleNamespace(filter_logits=ref.filter_logits, distribution=ref.distribution)
+
+
+def _fmt(t: torch.Tensor) -> str:
+    return "[" + ", ".join("-inf" if math.isinf(x) and x < 0 else f"{x:.4g}" for x in t.tolist()) + "]"
+
+
+def _kept(t: torch.Tensor) -> list[int]:
+    return [i for i, x in enumerate(t.tolist()) if not (math.isinf(x) and x < 0)]
+
+
+def _logits(probs) -> torch.Tensor:
+    return torch.tensor(probs, dtype=torch.float64).log().float()
+
+
+def _call(api, fn: str, logits: torch.Tensor, *args):
+    """Run api.fn on a copy of logits; refuse a changed input or something that is not a (V,) tensor."""
+    given = logits.clone()
+    got = getattr(api, fn)(given, *args)
+    call = f"{fn}({_fmt(logits)}, {', '.join(map(repr, args))})"
+    if not torch.equal(given, logits):
+        raise Mismatch(call, f"  expected the input to stay {_fmt(logits)}", f"  got it changed to {_fmt(given)}",
+                       "hint: do not change the logits you are given: return a new tensor "
+                       "(masked_fill, not masked_fill_; clone before writing into it)")
+    if not isinstance(got, torch.Tensor) or got.shape != logits.shape:
+        what = f"shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__
+        raise Mismatch(call, f"  expected a tensor of shape {tuple(logits.shape)}", f"  got {what}",
+                       "hint: return one value per token, a tensor shaped like the logits")
+    return call, got.detach().double()
+
+
+def check_filter(api, logits, top_k, top_p, min_p, hint):
+    call, got = _call(api, "filter_logits", logits, top_k, top_p, min_p)
+    want = ref.filter_logits(logits.clone(), top_k, top_p, min_p).double()
+    keep = _kept(want)
+    if _kept(got) != keep:
+        raise Mismatch(call, f"  the probabilities, softmax(logits): {_fmt(logits.double().softmax(-1))}",
+                       f"  expected {_fmt(want)}   (tokens kept: {keep})",
+                       f"  got      {_fmt(got)}   (tokens kept: {_kept(got)})", "hint: " + hint)
+    if not torch.allclose(got[keep], want[keep], rtol=0, atol=ATOL):
+        raise Mismatch(call, f"  expected {_fmt(want)}", f"  got      {_fmt(got)}",
+                       "hint: the tokens that stay keep their logits unchanged; only the others become -inf")
+
+
+def check_distribution(api, logits, temperature, top_k, top_p, min_p, hint):
+    call, got = _call(api, "distribution", logits, temperature, top_k, top_p, min_p)
+    want = ref.distribution(logits.clone(), temperature, top_k, top_p, min_p).double()
+    support = [i for i, p in enumerate(want.tolist()) if p > 0]
+    if torch.isnan(got).any() or not torch.allclose(got, want, rtol=0, atol=ATOL):
+        got_support = [i for i, p in enumerate(got.nan_to_num(-1).tolist()) if p > 0]
+        raise Mismatch(call, f"  expected {_fmt(want)}   (tokens that can be drawn: {support})",
+                       f"  got      {_fmt(got)}   (tokens that can be drawn: {got_support})", "hint: " + hint)
+
+
+def filters(name, calls, hint):
+    """calls: (probs or logits, top_k, top_p, min_p); a list of floats in (0, 1] summing to 1 are probs."""
+    def run(api):
+        for values, top_k, top_p, min_p in calls:
+            logits = _logits(values) if _is_probs(values) else torch.tensor(values)
+            check_filter(api, logits, top_k, top_p, min_p, hint)
+    return Case(name, run)
+
+
+def distributions(name, calls, hint):
+    """calls: (probs or logits, temperature, top_k, top_p, min_p)."""
+    def run(api):
+        for values, temperature, top_k, top_p, min_p in calls:
+            logits = _logits(values) if _is_probs(values) else torch.tensor(values)
+            check_distribution(api, logits, temperature, top_k, top_p, min_p, hint)
+    return Case(name, run)
+
+
+def _is_probs(values) -> bool:
+    return all(0 < v <= 1 for v in values) and abs(sum(values) - 1) < 1e-9
+
+
+def _fragile(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float) -> bool:
+    """Whether a threshold falls within 1e-6 of a probability or cumulative sum (float64, independent)."""
+    if temperature < SAMPLING_EPS:
+        return False
+    probs = (logits.double() / temperature).softmax(-1)
+    if min_p > 0 and ((probs - min_p * probs.max()).abs() < 1e-6).any():
+        return True
+    probs = torch.where(probs < min_p * probs.max(), 0.0, probs)
+    if 0 < top_k < len(probs):
+        probs = torch.where(probs < probs.topk(top_k).values[-1], 0.0, probs)
+    probs = probs / probs.sum()
+    before = probs.sort(descending=True).values.cumsum(0) - probs.sort(descending=True).values
+    return top_p < 1 and bool(((before - top_p).abs() < 1e-6).any())
+
+
+def random_cases(seed: int, count: int) -> Case:
+    def run(api):
+        rng = random.Random(seed)
+        done = 0
+        while done < count:
+            v = rng.randint(3, 12)
+            logits = torch.tensor([round(rng.gauss(0, 2), 1) for _ in range(v)])  # rounded: ties happen
+            t = rng.choice([0.0, 0.3, 0.7, 1.0, 1.0, 1.5, 3.0])
+            k = rng.choice([0, 0, 1, 2, 3, 5, v, v + 2])
+            p = rng.choice([1.0, 1.0, 0.9, 0.75, 0.5, 0.2, 0.05])
+            m = rng.choice([0.0, 0.0, 0.05, 0.1, 0.3, 0.8])
+            if _fragile(logits, t, k, p, m) or _fragile(logits, 1.0, k, p, m):
+                continue
+            done += 1
+            hint = "the order is: temperature (below 1e-5: greedy), then min-p, then top-k, then top-p, then softmax"
+            check_filter(api, logits, k, p, m, hint)
+            check_distribution(api, logits, t, k, p, m, hint)
+    return Case(f"random_logits_and_parameters_seed_{seed}", run)
+
+
+L = [2.0, 1.0, 0.0, -1.0, -2.0]
+Q = [0.4, 0.3, 0.2, 0.1]
+M = [0.5, 0.3, 0.1, 0.06, 0.04]
+CASES = [
+    filters("top_k_keeps_the_k_largest",
+            [([1.0, 3.0, -0.5, 2.0, 0.0], k, 1.0, 0.0) for k in (1, 2, 3, 4)],
+            "top-k keeps the k largest logits and sets every other one to -inf (float('-inf'))"),
+    filters("top_k_0_or_at_least_the_vocabulary_keeps_everything",
+            [([1.0, 3.0, -0.5, 2.0, 0.0], k, 1.0, 0.0) for k in (0, 5, 9)],
+            "top_k=0 means no limit, and a k at least the vocabulary size keeps every token"),
+    filters("top_k_ties_at_the_kth_logit_all_stay",
+            [([3.0, 2.0, 2.0, 2.0, 1.0], 2, 1.0, 0.0), ([2.0, 1.0, 2.0, 0.5], 1, 1.0, 0.0),
+             ([1.0, 1.0, 1.0], 2, 1.0, 0.0)],
+            "ties at the k-th largest logit all stay: keep every logit >= the k-th largest (as vLLM does), so "
+            "top-k may keep more than k tokens"),
+    distributions("top_k_1_is_greedy",
+                  [([0.1, 0.2, 0.15, 0.3], 1.0, 1, 1.0, 0.0), ([0.1, 0.2, 0.15, 0.3], 50.0, 1, 1.0, 0.0)],
+                  "top_k=1 keeps only the largest logit: all the probability on it, whatever the temperature"),
+    filters("top_p_keeps_the_token_that_crosses",
+            [(Q, 0, 0.65, 0.0), (Q, 0, 0.35, 0.0), (Q, 0, 0.85, 0.0), ([0.2, 0.4, 0.1, 0.3], 0, 0.65, 0.0)],
+            "top-p keeps the smallest set of most likely tokens whose probabilities reach top_p, the token that "
+            "crosses top_p included: p = 0.6 over 0.4, 0.3, 0.2, 0.1 keeps 0.4 and 0.3 (drop a token only when "
+            "the tokens before it already reach top_p)"),
+    filters("top_p_1_keeps_everything_a_tiny_top_p_keeps_the_top",
+            [(Q, 0, 1.0, 0.0), (Q, 0, 1e-9, 0.0), ([0.1, 0.6, 0.3], 0, 1e-9, 0.0)],
+            "top_p=1 keeps every token; however small top_p is, the most likely token always stays"),
+    filters("top_p_after_top_k_over_the_renormalized_probabilities",
+            [(Q, 3, 0.75, 0.0), (Q, 2, 0.55, 0.0)],
+            "top-p comes after top-k and is taken over the probabilities of the tokens top-k kept, renormalized "
+            "(the softmax of the filtered logits)"),
+    filters("min_p_is_relative_to_the_largest_probability",
+            [(M, 0, 1.0, 0.19), (M, 0, 1.0, 0.21), ([0.25, 0.2, 0.2, 0.15, 0.1, 0.1], 0, 1.0, 0.5)],
+            "min_p drops the tokens whose probability is below min_p x the LARGEST probability (not below "
+            "min_p itself): min_p = 0.2 over 0.5, 0.3, 0.1, ... keeps the tokens of 0.1 and above"),
+    filters("min_p_0_keeps_everything_min_p_1_keeps_the_top_ones",
+            [(M, 0, 1.0, 0.0), (M, 0, 1.0, 1.0), ([1.0, 3.0, 3.0, 2.0], 0, 1.0, 1.0)],
+            "a token whose probability equals min_p x the largest stays: drop only those strictly below (with "
+            "min_p = 1 every token tied for the top stays); min_p=0 keeps every token"),
+    filters("min_p_comes_before_top_p",
+            [(M, 0, 0.85, 0.19), (M, 2, 0.85, 0.19)],
+            "the order is min-p, then top-k, then top-p: top-p is taken over what min-p left, renormalized"),
+    distributions("the_probabilities_are_the_softmax_of_logits_over_temperature",
+                  [(L, t, 0, 1.0, 0.0) for t in (0.5, 1.0, 2.0, 4.0)],
+                  "the probabilities are softmax(logits / temperature) over the tokens the filters keep"),
+    distributions("the_temperature_comes_before_the_filters",
+                  [(L, 0.5, 0, 0.8, 0.0), (L, 2.0, 0, 0.8, 0.0), (L, 2.0, 3, 0.5, 0.0), (M, 2.0, 0, 1.0, 0.19),
+                   (M, 0.5, 0, 1.0, 0.1)],
+                  "divide by the temperature first, then filter: min-p, top-k and top-p look at the tempered "
+                  "probabilities (softmax(logits / T)), then the softmax of what is left"),
+    distributions("temperature_0_is_greedy",
+                  [(L, 0.0, 0, 1.0, 0.0), ([1.0, 3.0, 3.0, 2.0], 0.0, 0, 1.0, 0.0), ([0.5, -1.0], 0.0, 0, 0.3, 0.5)],
+                  "temperature 0 is greedy: all the probability on the largest logit, the first one if several "
+                  "tie (torch.argmax), whatever top_k, top_p and min_p say"),
+    distributions("a_temperature_below_1e-5_is_greedy",
+                  [([1.0, 1.0, 0.0], 1e-6, 0, 1.0, 0.0), ([1.0, 1.0, 0.0], 1e-5, 0, 1.0, 0.0),
+                   ([1.0, 1.0 + 1e-6, 0.0], 1e-9, 0, 1.0, 0.0)],
+                  "temperatures below 1e-5 (SAMPLING_EPS) are greedy too, since dividing by them overflows; 1e-5 "
+                  "itself is not greedy"),
+    *[random_cases(seed, 60) for seed in (135, 136)],
+]
