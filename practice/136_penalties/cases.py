@@ -1,0 +1,142 @@
+"""Cases of exercise 136: the learner's apply_penalties against nano_engine.sampling.apply_penalties.
+
+Hand-made batches first, one rule per case (repetition by the sign of the logit, over prompt and
+output, once per token; frequency by the count in the output; presence once; their order; each row
+with its own parameters and history), each with the hint of its rule; then seeded random batches.
+The result must agree with the reference to 1e-6 and the input must come back untouched. A failure
+names the first token that differs: its logit, whether it is in the prompt, how often in the output.
+"""
+
+import math
+import random
+from types import SimpleNamespace
+
+import torch
+
+import nano_engine.sampling as ref
+from practice.worker import Case, Mismatch, require_functions
+
+REFERENCE_FILE = ref.__file__
+TOL = 1e-6
+
+
+def learner(module):
+    return require_functions(module, ("apply_penalties",))
+
+
+def reference():
+    return SimpleNamespace(apply_penalties=ref.apply_penalties)
+
+
+def _fmt(values) -> str:
+    return "[" + ", ".join("-inf" if math.isinf(x) and x < 0 else f"{x:.4g}" for x in values) + "]"
+
+
+def check(api, logits, prompt_ids, output_ids, rep, freq, pres, hint):
+    """One call of apply_penalties on a copy of logits (B, V), compared with the reference."""
+    given = logits.clone()
+    args = ([list(p) for p in prompt_ids], [list(o) for o in output_ids], list(rep), list(freq), list(pres))
+    got = api.apply_penalties(given, *args)
+    call = [f"apply_penalties(logits {tuple(logits.shape)}, prompt_ids={args[0]}, output_ids={args[1]},",
+            f"                repetition_penalty={args[2]}, frequency_penalty={args[3]}, presence_penalty={args[4]})"]
+    if not torch.equal(given, logits):
+        raise Mismatch(*call, "  expected the input logits to stay unchanged", "  got them changed",
+                       "hint: do not change the logits you are given: return a new tensor (clone first)")
+    if not isinstance(got, torch.Tensor) or got.shape != logits.shape:
+        what = f"shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__
+        raise Mismatch(*call, f"  expected a tensor of shape {tuple(logits.shape)}", f"  got {what}",
+                       "hint: return the penalized logits, one row per request, shaped like the input")
+    want = ref.apply_penalties(logits.clone(), *args).double()
+    got = got.detach().double()
+    bad = ~(torch.isclose(got, want, rtol=TOL, atol=TOL) | ((got == want) & torch.isinf(want)))
+    if bad.any():
+        row, token = (int(i) for i in bad.nonzero()[0])
+        where = (f"token {token}: logit {logits[row, token].item():.4g}, in the prompt: "
+                 f"{'yes' if token in args[0][row] else 'no'}, times in the output: {args[1][row].count(token)}")
+        raise Mismatch(*call, f"  row {row}, the logits {_fmt(logits[row].tolist())}",
+                       f"  expected {_fmt(want[row].tolist())}", f"  got      {_fmt(got[row].tolist())}",
+                       f"  first difference at {where} (row {row}: repetition {args[2][row]}, frequency "
+                       f"{args[3][row]}, presence {args[4][row]})", "hint: " + hint)
+
+
+def one_row(name, logits, calls, hint):
+    """calls: (prompt_ids, output_ids, repetition, frequency, presence) on the single row `logits`."""
+    def run(api):
+        x = torch.tensor([logits])
+        for prompt, output, r, f, p in calls:
+            check(api, x, [prompt], [output], [r], [f], [p], hint)
+    return Case(name, run)
+
+
+def batch(name, logits, prompts, outputs, rep, freq, pres, hint):
+    return Case(name, lambda api: check(api, torch.tensor(logits), prompts, outputs, rep, freq, pres, hint))
+
+
+def random_batches(seed: int, count: int) -> Case:
+    def run(api):
+        rng = random.Random(seed)
+        for _ in range(count):
+            b, v = rng.randint(1, 5), rng.randint(4, 20)
+            logits = torch.tensor([[round(rng.gauss(0, 2), 2) for _ in range(v)] for _ in range(b)])
+            if rng.random() < 0.2:
+                logits[0, rng.randrange(v)] = float("-inf")  # a token masked before (logit bias, min_tokens)
+            prompts = [[rng.randrange(v) for _ in range(rng.randint(0, 8))] for _ in range(b)]
+            outputs = [[rng.randrange(min(v, 6)) for _ in range(rng.randint(0, 10))] for _ in range(b)]
+            rep = [rng.choice([1.0, 1.0, 1.2, 2.0, 0.7]) for _ in range(b)]
+            freq = [rng.choice([0.0, 0.0, 0.3, 1.0, -0.5, 2.0]) for _ in range(b)]
+            pres = [rng.choice([0.0, 0.0, 0.5, 1.5, -1.0, -2.0]) for _ in range(b)]
+            check(api, logits, prompts, outputs, rep, freq, pres,
+                  "compare with the rules in README.md: per row, repetition (prompt + output, once, by sign), then "
+                  "frequency x count and presence once, both over the output only")
+    return Case(f"random_batches_seed_{seed}", run)
+
+
+ROW = [2.0, -1.0, 0.5, -2.0, 0.0, 1.5]
+CASES = [
+    batch("penalties_off_or_no_history_change_nothing", [ROW, ROW, ROW],
+          [[0, 1, 2], [], [3]], [[1, 1, 5], [], [3, 3]], [1.0, 1.5, 1.0], [0.0, 0.5, 0.0], [0.0, 1.0, 0.0],
+          "with repetition_penalty 1 and frequency and presence 0, or with no tokens seen, the logits come back "
+          "unchanged"),
+    one_row("repetition_divides_a_positive_logit", ROW, [([], [0], 2.0, 0.0, 0.0), ([], [0, 2, 5], 1.25, 0.0, 0.0)],
+            "repetition_penalty r divides the logit of each token already seen when that logit is positive"),
+    one_row("repetition_multiplies_a_negative_logit", ROW,
+            [([], [1], 2.0, 0.0, 0.0), ([], [1, 3, 4], 1.5, 0.0, 0.0), ([], [0, 1, 2, 3], 3.0, 0.0, 0.0)],
+            "a negative logit is multiplied by r (dividing it would bring it closer to 0, making the token MORE "
+            "likely); 0 stays 0"),
+    one_row("repetition_covers_the_prompt_too", ROW,
+            [([0, 1], [], 2.0, 0.0, 0.0), ([5, 3], [2], 1.5, 0.0, 0.0)],
+            "repetition covers every token of the prompt and of the output (vLLM's prompt mask | output mask); "
+            "frequency and presence look at the output only"),
+    one_row("repetition_applies_once_however_often", ROW,
+            [([0, 0, 1], [0, 0, 1, 1, 1], 2.0, 0.0, 0.0), ([5], [5, 5, 5], 1.5, 0.0, 0.0)],
+            "repetition applies once per token, however often it appears: divide (or multiply) by r, not by "
+            "r ** count"),
+    one_row("a_repetition_penalty_below_1_encourages", ROW,
+            [([0, 1], [2, 3], 0.5, 0.0, 0.0)],
+            "the same rule with r < 1: a positive logit divided by 0.5 doubles, a negative one multiplied by 0.5 "
+            "halves, so the seen tokens become more likely"),
+    one_row("frequency_subtracts_per_occurrence_in_the_output", ROW,
+            [([], [0, 0, 0, 1], 1.0, 0.5, 0.0), ([3, 3, 5], [5], 1.0, 1.0, 0.0), ([0], [], 1.0, 2.0, 0.0)],
+            "frequency subtracts frequency_penalty x (how many times the token is in the OUTPUT); a token only in "
+            "the prompt is not touched"),
+    one_row("presence_subtracts_once_per_token_in_the_output", ROW,
+            [([], [0, 0, 0, 1], 1.0, 0.0, 1.5), ([2, 2], [2, 4, 4], 1.0, 0.0, 0.5)],
+            "presence subtracts presence_penalty once for each token in the output, however often it is there; "
+            "the prompt does not count"),
+    one_row("negative_frequency_and_presence_encourage", ROW,
+            [([], [0, 0, 3], 1.0, -0.5, 0.0), ([], [0, 0, 3], 1.0, 0.0, -2.0), ([], [1, 1, 1], 1.0, -1.0, -1.0)],
+            "negative frequency and presence penalties are subtracted the same way: they raise the logits"),
+    one_row("a_token_in_the_prompt_and_the_output", [1.0, -1.0, 0.5, 3.0],
+            [([0, 1], [0, 0, 0, 1], 2.0, 0.5, 1.0), ([3], [3, 2, 2], 1.5, 1.0, 0.25)],
+            "repetition first, on the model's logit (divide if positive, multiply if negative), then subtract "
+            "frequency x count and presence: 1.0 seen 3 times with r=2, f=0.5, p=1 gives 1.0 / 2 - 1.5 - 1 = -2.0"),
+    batch("each_row_has_its_own_parameters_and_history", [ROW, ROW, ROW, ROW],
+          [[0], [1, 2], [], [0]], [[2, 2], [], [0, 5, 5], [2, 2]], [2.0, 1.5, 1.0, 1.0], [0.0, 0.5, 1.0, 0.5],
+          [1.0, 0.0, 0.5, 0.0],
+          "each row is one request: row i uses prompt_ids[i], output_ids[i] and the i-th of each penalty, nothing "
+          "from the other rows"),
+    batch("a_masked_token_stays_minus_infinity", [[float("-inf"), 1.0, -1.0], [2.0, float("-inf"), 0.5]],
+          [[0], [1]], [[0, 0], [1, 2]], [2.0, 0.5], [1.0, -1.0], [0.5, -0.5],
+          "a logit of -inf (a token masked by logit bias or min_tokens) stays -inf: -inf x r and -inf - x are -inf"),
+    *[random_batches(seed, 40) for seed in (136, 137)],
+]
