@@ -184,9 +184,10 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams], generators: S
         return SamplerOutput(logits.argmax(-1).tolist(), [None] * rows)  # one call for the common case
     prompt_ids = prompt_ids if prompt_ids is not None else [()] * rows
     output_ids = output_ids if output_ids is not None else [()] * rows
+    dtype = torch.promote_types(logits.dtype, torch.float32)  # float32 at least; a float64 model stays exact
     tokens, logprobs = [], []
     for i, p in enumerate(params):
-        row = logits[i:i + 1].float()  # (1, V): every step on this row alone, so batches cannot mix
+        row = logits[i:i + 1].to(dtype)  # (1, V): every step on this row alone, so batches cannot mix
         raw = row[0]
         if p.logit_bias is not None:
             row = apply_logit_bias(row, [p.logit_bias])

@@ -243,3 +243,12 @@ def test_a_seeded_request_is_the_same_in_any_batch(prompt, sp, others, where, bu
     params.insert(where, sp)
     crowd = run(prompts, params, max_num_batched_tokens=budget)[where]
     assert crowd == alone
+
+
+def test_a_greedy_row_is_the_argmax_of_its_own_dtype_in_any_batch():
+    """Two float64 logits that float32 cannot tell apart: the greedy row must pick as the fast path does."""
+    logits = torch.tensor([[1.0, 1.0 + 1e-12, 0.0], [0.0, 1.0, 2.0]], dtype=torch.float64)
+    alone = sample(logits[:1], [SamplingParams()], [None]).token_ids
+    mixed = sample(logits, [SamplingParams(), SamplingParams(temperature=1.0, seed=0)],
+                   [None, torch.Generator().manual_seed(0)]).token_ids
+    assert alone == [1] and mixed[0] == 1
