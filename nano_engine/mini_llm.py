@@ -39,6 +39,9 @@ def _has_onednn_linear() -> bool:
 ONEDNN_FP32 = torch.backends.mkldnn.is_available() and _has_onednn_linear()
 
 
+HALF_ROWS = 32  # the most rows oneDNN's bfloat16 / float16 matmul takes in one call here (see linear)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T + bias, on the fastest kernel that gives every row what it would get alone.
 
@@ -48,13 +51,18 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     * bfloat16 and float16: oneDNN computes a single row with another kernel than two or more
       rows, and for some shapes (576 x 1536 here) the two round differently. A batched step must
       give each request the bits that request would get alone, so one row goes in as two.
+      On CPUs with AMX (Intel Sapphire Rapids and later), oneDNN takes an AMX kernel from 33 rows
+      up, which rounds differently again: more rows go in as chunks of HALF_ROWS.
       tests/test_mini_llm.py checks the invariance this relies on.
     """
     if x.dim() == 2 and not (torch.is_grad_enabled() and weight.requires_grad):
         if x.dtype == torch.float32 and ONEDNN_FP32:
             return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-        if x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16):
-            return F.linear(x.expand(2, -1), weight, bias)[:1]
+        if x.dtype in (torch.bfloat16, torch.float16):
+            if x.shape[0] == 1:
+                return F.linear(x.expand(2, -1), weight, bias)[:1]
+            if x.shape[0] > HALF_ROWS:
+                return torch.cat([linear(part, weight, bias) for part in x.split(HALF_ROWS)])
     return F.linear(x, weight, bias)
 
 
