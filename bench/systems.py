@@ -14,9 +14,18 @@ the same 512-token budget per step with chunked prefill as nano_engine.
 
 from __future__ import annotations
 
+import collections
 import ctypes
+import functools
+import json
 import math
-from typing import Sequence
+import os
+import queue
+import signal
+import subprocess
+import threading
+from pathlib import Path
+from typing import NoReturn, Sequence
 
 import numpy as np
 import torch
@@ -311,3 +320,181 @@ class LlamaCpp(System):
         if getattr(self, "ctx", None) is not None:
             self.L.llama_free(self.ctx)
             self.ctx = None
+
+
+# ----- vLLM -----
+ROOT = Path(__file__).resolve().parent.parent
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+VLLM_WORKER = Path(__file__).resolve().parent / "vllm_worker.py"
+VLLM_KV_SPACE_GIB = 2  # VLLM_CPU_KVCACHE_SPACE: W2 at its longest needs ~17,300 tokens, ~0.8 GiB in float32
+VLLM_MAX_MODEL_LEN = 4096  # W3's prompts are 2,000 tokens
+
+
+@functools.lru_cache(maxsize=None)
+def vllm_available(python: Path = VLLM_PYTHON) -> bool:
+    """True when .venv-vllm exists and its python imports vllm (`make vllm`)."""
+    if not Path(python).is_file():
+        return False
+    try:
+        return subprocess.run([str(python), "-c", "import vllm"], capture_output=True, timeout=300).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def vllm_engine_args() -> dict:
+    """vLLM EngineArgs for the benchmark's settings, derived from nano_engine's own (vllm_bridge):
+    the token budget, running requests, chunked prefill, prefix caching (nano_engine's default, on),
+    fcfs, the classic admission rule. Left out: our block size (vLLM on CPU prefers its own, 128)
+    and our block count (vLLM on CPU sizes its KV cache from VLLM_CPU_KVCACHE_SPACE)."""
+    from nano_engine.engine import EngineConfig
+
+    args = EngineConfig(max_num_batched_tokens=BUDGET, max_num_seqs=MAX_SEQS).to_vllm(
+        max_model_len=VLLM_MAX_MODEL_LEN)
+    del args["block_size"], args["num_gpu_blocks_override"]
+    return args
+
+
+def vllm_model_folder() -> Path:
+    """The Hugging Face folder nano_engine dequantizes the embedded GGUF into (the same weights as
+    nano_engine and transformers; tokenizer files included, which vLLM loads)."""
+    from nano_engine.vllm_bridge import _hf_folder
+
+    return _hf_folder(embedded_model_path())
+
+
+class VLLMOffline(System):
+    """vLLM's offline API (`vllm.LLM.generate`) in a worker process of its own venv (vllm_worker.py).
+
+    setup() starts the worker and waits for its ready line (vLLM takes ~100 s to build an engine
+    on 2 cores); run() sends the whole workload as one request and returns the outputs; close()
+    ends the worker. The benchmark times the wall around run(), like every system's; the worker
+    also reports the time of its generate call alone, kept in `worker_seconds` (the difference is
+    the pipe and JSON's cost). Every read from the worker has a timeout, and a worker that dies or
+    answers nonsense raises RuntimeError with the last lines of its stderr.
+
+    `command` replaces the worker's command line (the tests run a fake worker)."""
+
+    def __init__(self, dtype: str = "float32", threads: int | None = None, command: Sequence[str] | None = None,
+                 ready_timeout: float = 900.0, run_timeout: float = 3600.0):
+        self.dtype, self.threads, self.command = dtype, threads, command
+        self.name = f"vLLM offline {dtype}"
+        self.ready_timeout, self.run_timeout = ready_timeout, run_timeout
+        self.proc: subprocess.Popen | None = None
+        self.info: dict = {}  # the worker's ready line: vLLM version, block size, KV cache
+        self.worker_seconds: list[float] = []  # each run's generate call, timed in the worker
+        self._lines: queue.Queue = queue.Queue()
+        self._stderr: collections.deque = collections.deque(maxlen=40)
+        self._threads: list[threading.Thread] = []
+
+    def worker_command(self) -> list[str]:
+        if self.command is not None:
+            return list(self.command)
+        cmd = [str(VLLM_PYTHON), str(VLLM_WORKER), "--model", str(vllm_model_folder()), "--dtype", self.dtype,
+               "--engine-args", json.dumps(vllm_engine_args()), "--kv-space-gib", str(VLLM_KV_SPACE_GIB)]
+        return cmd + (["--threads", str(self.threads or torch.get_num_threads())])
+
+    def setup(self):
+        """Start the worker (once: a second call finds it running) and wait for its ready line."""
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        self.proc = subprocess.Popen(self.worker_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, bufsize=1, cwd=ROOT,
+                                     start_new_session=True)  # its own group: vLLM's engine process too
+        self._lines, self._stderr = queue.Queue(), collections.deque(maxlen=40)
+        # Two readers: stdout's lines go to a queue read with a timeout (a wedged worker cannot hang
+        # the benchmark); stderr is drained all along (vLLM logs a lot: a full pipe would block it).
+        self._threads = [threading.Thread(target=self._pump, args=(self.proc.stdout, self._lines.put), daemon=True),
+                         threading.Thread(target=self._pump, args=(self.proc.stderr, self._stderr.append),
+                                          daemon=True)]
+        for t in self._threads:
+            t.start()
+        ready = self._receive(self.ready_timeout, "starting")
+        if not ready.get("ready"):
+            self._fail(f"sent {ready!r} instead of its ready line")
+        self.info = ready
+
+    @staticmethod
+    def _pump(stream, put):
+        for line in stream:
+            put(line.rstrip("\n"))
+        put(None)  # end of stream: the worker closed it, or died
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen) -> None:
+        """End the worker's process group (the worker and the engine process vLLM starts)."""
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait(timeout=10)
+
+    def _fail(self, what: str, ended: bool = False) -> NoReturn:
+        """Raise with the worker's state and its last stderr lines; the worker is ended. `ended`:
+        its output closed, so it is exiting: its exit status is worth a few seconds' wait."""
+        proc = self.proc
+        if ended and proc is not None:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        status = "running" if proc is None or proc.poll() is None else f"exit status {proc.returncode}"
+        if proc is not None:
+            self._kill(proc)
+            self._threads[1].join(timeout=2)  # the rest of stderr
+        tail = "\n  ".join([x for x in self._stderr if x is not None][-15:]) or "(nothing)"
+        self.proc = None
+        raise RuntimeError(f"{self.name} worker {what} ({status}); its last stderr lines:\n  {tail}")
+
+    def _receive(self, timeout: float, doing: str) -> dict:
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            self._fail(f"gave no answer in {timeout:.0f} s while {doing}")
+        if line is None:
+            self._fail(f"ended while {doing}", ended=True)
+        try:
+            msg = json.loads(line)
+        except json.JSONDecodeError:
+            msg = None
+        if not isinstance(msg, dict):
+            self._fail(f"wrote {line[:200]!r}, not a JSON object, while {doing}")
+        return msg
+
+    def run(self, workload):
+        if self.proc is None:
+            raise RuntimeError(f"{self.name}: setup() first")
+        reqs = workload.requests
+        msg = dict(prompts=[list(r.prompt_ids) for r in reqs], max_tokens=[r.max_tokens for r in reqs],
+                   ignore_eos=[r.ignore_eos for r in reqs])
+        try:
+            self.proc.stdin.write(json.dumps(msg) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            self._fail(f"stopped reading its input ({workload.name})")
+        answer = self._receive(self.run_timeout, f"serving {workload.name}")
+        if "error" in answer:
+            raise RuntimeError(f"{self.name} worker could not serve {workload.name}: {answer['error']}")
+        outs = answer.get("outputs")
+        if not isinstance(outs, list) or len(outs) != len(reqs):
+            self._fail(f"answered {len(outs) if isinstance(outs, list) else outs!r} outputs for {len(reqs)} "
+                       f"requests of {workload.name}")
+        self.worker_seconds.append(float(answer["seconds"]))
+        return [truncate(o, r) for o, r in zip(outs, reqs)]
+
+    def close(self):
+        """Ask the worker to quit, end of input too; kill it if it does not exit in 60 s."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            proc.stdin.write(json.dumps({"quit": True}) + "\n")
+            proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+        self._kill(proc)  # whatever of its group is left (vLLM's engine process, should it linger)
+        for t in self._threads:
+            t.join(timeout=2)
