@@ -88,8 +88,12 @@ def model_flops(roof: roofline.Roofline, model, w: Workload, steps, outputs) -> 
     return flops + roofline.attention_flops(model, [len(r.prompt_ids) + len(o) for r, o in zip(w.requests, outputs)])
 
 
-def make_systems(names, dtypes, models, threads, workload: Workload, skipped: set[str]):
+def make_systems(names, dtypes, models, threads, workload: Workload, skipped: set[str],
+                 vllm: dict | None = None):
+    """The systems of one workload: nano_engine in each dtype, then the peers named. `vllm` keeps
+    the vLLM workers (one per dtype) from one workload to the next: each takes ~100 s to start."""
     out = [S.NanoEngine(dt, models[dt]) for dt in dtypes]
+    vllm = {} if vllm is None else vllm
     for name in names:
         if name.startswith("hf"):
             if "transformers" in skipped:
@@ -106,13 +110,30 @@ def make_systems(names, dtypes, models, threads, workload: Workload, skipped: se
                 skipped.add("llama.cpp")
                 continue
             out.append(S.LlamaCpp(name == "llama-batched", threads))
+        elif name == "vllm":
+            if "vLLM" in skipped or not S.vllm_available():
+                skipped.add("vLLM")
+                continue
+            for dt in dtypes:  # vLLM runs every dtype nano_engine runs
+                out.append(vllm.setdefault(dt, S.VLLMOffline(dt, threads)))
     return out
+
+
+def reference_of(system, refs: dict):
+    """The generate reference a system's outputs are compared with: that of its own dtype where
+    nano_engine runs it (nano_engine, vLLM), else float32's (transformers, llama.cpp's Q4_1)."""
+    return refs.get(system.dtype, refs.get("float32"))
 
 
 class Bench:
     def __init__(self, args, models):
         self.args, self.models = args, models
         self.hf_models: dict[str, object] = {}
+        self.vllm: dict[str, S.VLLMOffline] = {}  # dtype: its worker, kept for every workload
+
+    def close(self):
+        for s in self.vllm.values():
+            s.close()
 
     def setup(self, sysm):
         if isinstance(sysm, (S.HFOneByOne, S.HFStatic, S.HFContinuous)):
@@ -152,7 +173,7 @@ class Bench:
         args, models = self.args, self.models
         print(f"\n## {w.name}: {len(w.requests)} requests, {w.prompt_tokens} prompt tokens, "
               f"{w.max_new_tokens} new tokens at most")
-        syss = make_systems(peers, dtypes, models, threads, w, skipped)
+        syss = make_systems(peers, dtypes, models, threads, w, skipped, self.vllm)
         for s in syss:
             self.setup(s)
         refs = {dt: reference(models[dt], w, args.fresh_reference) for dt in dtypes}
@@ -169,13 +190,14 @@ class Bench:
                 peaks.append(roofline.FloorReplay(models[s.dtype], [(512, 0)] * 3, f"matmul peak {s.dtype}"))
         big = w.prompt_tokens + w.max_new_tokens > 4000  # W2 and W3: 2 rounds at most
         reps = min(self.reps, 2) if big else self.reps
+        marks = {s.name: len(s.worker_seconds) for s in syss if isinstance(s, S.VLLMOffline)}
         runs, outs, engines = self.timed(w, syss + floors + peaks, reps, args.budget)
         nano = {s.dtype: statistics.median(runs[s.name]) for s in syss if isinstance(s, S.NanoEngine)}
         rows, data, failed = [], {}, False
         for s in syss:
             med = statistics.median(runs[s.name])
             gen = sum(len(o) for o in outs[s.name])
-            ref = refs.get(s.dtype, refs.get("float32"))
+            ref = reference_of(s, refs)
             same = sum(a == b for a, b in zip(outs[s.name], ref)) if ref is not None else None
             if isinstance(s, S.NanoEngine) and same != len(w.requests):
                 failed = True
@@ -186,6 +208,9 @@ class Bench:
             data[s.name] = dict(runs=runs[s.name], median_s=med, generated=gen, gen_tok_s=gen / med,
                                 proc_tok_s=(w.prompt_tokens + gen) / med, identical=same,
                                 ratios={dt: med / nano[dt] for dt in nano})
+            if isinstance(s, S.VLLMOffline):  # the generate call alone, timed in the worker
+                data[s.name].update(worker_runs=s.worker_seconds[marks[s.name]:], vllm=s.info)
+                data[s.name]["worker_median_s"] = statistics.median(data[s.name]["worker_runs"])
         print(fmt_table(rows, ["system", "runs", "median s", "generated tok/s", "processed tok/s",
                                *[f"nano {dt} faster by" for dt in nano], "identical to generate"]))
         for s, fl, pk in zip([s for s in syss if isinstance(s, S.NanoEngine)], floors, peaks):
@@ -202,7 +227,15 @@ class Bench:
                   f"floor; MFU {flops / eng_s / peak:.0%} of the {peak / 1e9:.0f} GFLOP/s matmul peak "
                   f"(floor and peak timed in turn with the systems)")
         for s in syss:
-            s.close()
+            if isinstance(s, S.VLLMOffline):
+                d, i = data[s.name], s.info
+                print(f"{s.name}: vLLM {i.get('vllm')}, block size {i.get('block_size')}, "
+                      f"{i.get('num_kv_blocks')} KV blocks ({i.get('kv_cache_tokens')} tokens, "
+                      f"VLLM_CPU_KVCACHE_SPACE={i.get('kv_cache_space_gib')} GiB), OpenMP threads on CPUs "
+                      f"{i.get('omp_threads_bind')}: its generate call {d['worker_median_s']:.2f} s of the "
+                      f"{d['median_s']:.2f} s timed here (the pipe and JSON: {d['median_s'] - d['worker_median_s']:.2f} s)")
+            else:  # the vLLM workers serve the next workloads too: Bench.close ends them
+                s.close()
         return data, failed
 
     def batch1(self, dtypes) -> dict:
@@ -257,6 +290,14 @@ def targets(res: dict) -> list[str]:
             out.append(f"{w2}, at least 60% of the matmul floor: {name} at {d['floor_fraction']:.0%} "
                        f"({d['tokens'] / d['median_s']:.0f} of {d['floor_tok_s']:.0f} tok/s): "
                        f"{mark(d['floor_fraction'] >= 0.6)}")
+    for wname in ("W1", w2, "W3"):
+        d = wl.get(wname) if wname else None
+        for dt in ("float32", "bfloat16"):
+            ours, theirs = (d or {}).get(f"nano_engine {dt}"), (d or {}).get(f"vLLM offline {dt}")
+            if ours and theirs:
+                r = theirs["median_s"] / ours["median_s"]
+                out.append(f"{wname}, nano_engine {dt} faster than vLLM offline {dt}: {r:.2f}x "
+                           f"({ours['median_s']:.2f} s vs {theirs['median_s']:.2f} s): {mark(r > 1)}")
     for dt, b in res.get("batch1", {}).items():
         out.append(f"decode at batch 1 within 2x of the weights' bandwidth bound: {dt} {b['step_ms']:.1f} ms vs "
                    f"{b['read_ms']:.1f} ms = {b['ratio']:.1f}x (its matmuls alone {b['floor_ms']:.1f} ms): "
@@ -276,8 +317,8 @@ def main(argv=None) -> int:
                     help="W1, and W2[:16] without the slow peers, 2 rounds (about 4 minutes)")
     ap.add_argument("--workloads", default="W1,W2,W3")
     ap.add_argument("--dtypes", default="float32,bfloat16", help="nano_engine dtypes")
-    ap.add_argument("--peers", default="hf-one,hf-static,hf-cb,llama-one,llama-batched",
-                    help="comma list of hf-one, hf-static, hf-cb, llama-one, llama-batched (or 'none')")
+    ap.add_argument("--peers", default="hf-one,hf-static,hf-cb,llama-one,llama-batched,vllm",
+                    help="comma list of hf-one, hf-static, hf-cb, llama-one, llama-batched, vllm (or 'none')")
     ap.add_argument("--reps", type=int, default=3, help="timed rounds: W1 and W2/8 get this many, "
                                                          "W2 and W3 at most 2 (default 3)")
     ap.add_argument("--budget", type=float, default=40.0,
@@ -286,7 +327,7 @@ def main(argv=None) -> int:
     ap.add_argument("--full", action="store_true",
                     help="every peer on all of W2 and on W3 (an hour or more: transformers one at a "
                          "time alone needs minutes per W2 run)")
-    ap.add_argument("--threads", type=int, default=None, help="threads for torch and llama.cpp")
+    ap.add_argument("--threads", type=int, default=None, help="threads for torch, llama.cpp and vLLM")
     ap.add_argument("--fresh-reference", action="store_true", help="recompute the generate references")
     ap.add_argument("--json", type=Path, help="write all figures to this file")
     args = ap.parse_args(argv)
@@ -321,26 +362,31 @@ def main(argv=None) -> int:
     skipped: set[str] = set()
     failed = False
     slow = [p for p in peers if p in ("hf-one", "hf-cb", "llama-one")]
-    for i, wname in enumerate(names):
-        w = WORKLOADS[wname]()
-        parts = [(w, peers)]
-        if wname == "W2" and args.quick:
-            parts = [(w.head(16), [p for p in peers if p not in slow])]
-        elif wname == "W2" and not args.full and slow:
-            parts = [(w, [p for p in peers if p not in slow]), (w.subset(8), slow)]
-        if wname == "W3" and not args.full:
-            parts = [(w, [p for p in peers if p in ("hf-static", "llama-batched")])]
-        for part, part_peers in parts:
-            data, bad = bench.workload(part, part_peers, dtypes, threads, skipped, warm_peers=i == 0)
-            res["workloads"][part.name] = data
-            failed |= bad
+    try:
+        for i, wname in enumerate(names):
+            w = WORKLOADS[wname]()
+            parts = [(w, peers)]
+            if wname == "W2" and args.quick:
+                parts = [(w.head(16), [p for p in peers if p not in slow])]
+            elif wname == "W2" and not args.full and slow:
+                parts = [(w, [p for p in peers if p not in slow]), (w.subset(8), slow)]
+            if wname == "W3" and not args.full:
+                parts = [(w, [p for p in peers if p in ("hf-static", "llama-batched", "vllm")])]
+            for part, part_peers in parts:
+                data, bad = bench.workload(part, part_peers, dtypes, threads, skipped, warm_peers=i == 0)
+                res["workloads"][part.name] = data
+                failed |= bad
+    finally:
+        bench.close()  # the vLLM workers, whatever happened
+    res["vllm"] = {dt: s.info for dt, s in bench.vllm.items()}
     res["batch1"] = bench.batch1(dtypes)
 
     print("\n## Targets")
     res["targets"] = targets(res)
     print("\n".join(res["targets"]))
     for name in sorted(skipped):
-        extra = " (pip install llama-cpp-python, or the project's [bench] extra)" if name == "llama.cpp" else ""
+        extra = {"llama.cpp": " (pip install llama-cpp-python, or the project's [bench] extra)",
+                 "vLLM": " (make vllm)"}.get(name, "")
         print(f"skipped: {name} is not installed{extra}")
     res.update(skipped=sorted(skipped), load_end=os.getloadavg()[0])
     print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
