@@ -11,9 +11,11 @@ runs its EngineCore in a separate process (`vllm/v1/engine/async_llm.py`, `core_
 * after each step it turns every request's new tokens into a `RequestOutput` (new token ids, new
   text, their times) and hands it to that request's asyncio queue, on the caller's event loop
   (`loop.call_soon_threadsafe`: asyncio objects are not thread-safe);
-* text is made by an `IncrementalDetokenizer` per request (detokenizer.py), which also finds stop
-  strings; a request whose text hit one is finished with "stop" at once (vLLM's OutputProcessor
-  does this in `vllm/v1/engine/output_processor.py`, then aborts the request in the core);
+* text is made by an `IncrementalDetokenizer` per request (detokenizer.py). A request with stop
+  strings (`SamplingParams.stop`) gets its detokenizer from the LLMEngine, which finishes it with
+  "stop" in the step whose token completes one (vLLM's OutputProcessor does this in
+  `vllm/v1/engine/output_processor.py`, then aborts the request in the core); the stream reads
+  its text from there, so the text is decoded once;
 * a caller that stops listening (a closed stream, a cancelled task, a client gone) aborts its
   request, so its blocks come back; a finished request is released from the engine right after
   its last output, so a server that runs for days holds only the requests in flight.
@@ -30,7 +32,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Sequence
 
-from .detokenizer import IncrementalDetokenizer, check_stop
+from .detokenizer import IncrementalDetokenizer
 from .engine import LLMEngine
 from .request import SamplingParams
 
@@ -116,10 +118,12 @@ class AsyncLLM:
         if not isinstance(engine, LLMEngine):
             raise TypeError(f"engine must be an LLMEngine, got {type(engine).__name__}")
         self.engine = engine
+        if tokenizer is not None and engine.tokenizer is None:
+            engine.tokenizer = tokenizer  # the engine needs it for stop strings
         self.tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
         # Fast tokenizers are not safe to call from two threads at once ("Already borrowed"):
-        # the server encodes on the event loop while the engine thread decodes.
-        self.tokenizer_lock = threading.Lock()
+        # the server encodes on the event loop while the engine thread decodes. One lock, the engine's.
+        self.tokenizer_lock = engine.tokenizer_lock
         self.on_output = on_output
         self._cond = threading.Condition()
         self._commands: deque = deque()
@@ -133,21 +137,17 @@ class AsyncLLM:
 
     # ----- the callers' side (event loop) -----
     async def add_request(self, prompt_ids: Sequence[int], sampling_params: SamplingParams | None = None,
-                          request_id: str | None = None, *, priority: int = 0, stop: Sequence[str] | str = (),
-                          include_stop_str_in_output: bool = False, cache_salt: str | None = None) -> RequestStream:
+                          request_id: str | None = None, *, priority: int = 0,
+                          cache_salt: str | None = None) -> RequestStream:
         """Queue a request; returns its stream once the engine has accepted it. Raises the engine's
-        TypeError / ValueError for a request it refuses (nothing is queued then)."""
-        stop = check_stop(stop)
-        if stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer (the engine has none)")
+        TypeError / ValueError for a request it refuses (nothing is queued then). Stop strings are
+        `sampling_params.stop`, as in vLLM."""
         self._check_alive()
         loop = asyncio.get_running_loop()
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         queue: asyncio.Queue = asyncio.Queue()
         accepted = loop.create_future()
-        detok = (IncrementalDetokenizer(self.tokenizer, stop, include_stop_str_in_output)
-                 if self.tokenizer is not None else None)
-        stream = _Stream(request_id, loop, queue, detok)
+        stream = _Stream(request_id, loop, queue, None)
         self._submit(("add", stream, (prompt_ids, sampling_params, request_id, priority, cache_salt), accepted))
         try:
             await accepted
@@ -221,6 +221,12 @@ class AsyncLLM:
         except Exception as e:
             stream.loop.call_soon_threadsafe(_settle, accepted, e)
             return
+        # Text: the engine's detokenizer for a request with stop strings, else one of our own.
+        req = self.engine.requests[request_id]
+        if req.detokenizer is not None:
+            stream.detokenizer = req.detokenizer
+        elif self.tokenizer is not None:
+            stream.detokenizer = IncrementalDetokenizer(self.tokenizer)
         self._streams[request_id] = stream
         stream.loop.call_soon_threadsafe(_settle, accepted, None)
 
@@ -231,21 +237,14 @@ class AsyncLLM:
             new_ids = req.output_ids[stream.num_sent:]
             if not new_ids and not req.is_finished:
                 continue
-            text = ""
-            if stream.detokenizer is not None and stream.stop_reason is None:
-                with self.tokenizer_lock:
-                    hit = stream.detokenizer.update(new_ids)
-                if hit is not None:  # a stop string in the text: finish now, no more tokens
-                    stream.stop_reason = hit
-                    self.engine.abort(rid, finish_reason="stop")
-                text = stream.detokenizer.take_delta(finished=req.is_finished)
-            elif stream.detokenizer is not None:
-                text = stream.detokenizer.take_delta(finished=True)
+            text, detok = "", stream.detokenizer
+            if detok is not None:
+                if detok is not req.detokenizer:  # our own: text only (the engine's is up to date)
+                    with self.tokenizer_lock:
+                        detok.update(new_ids)
+                text = detok.take_delta(finished=req.is_finished)
+            stream.stop_reason = req.stop_reason
             sp = req.sampling_params
-            if req.finish_reason == "stop" and stream.stop_reason is None and req.output_ids:
-                last = req.output_ids[-1]
-                eos = last in self.engine.eos_token_ids and not sp.ignore_eos
-                stream.stop_reason = None if eos else last  # vLLM: a stop token's id, None for EOS
             out = RequestOutput(
                 rid, list(new_ids), text, list(req.token_times[stream.num_sent:]), req.num_prompt_tokens,
                 max(req.num_cached_tokens, 0), len(req.output_ids), req.arrival_time,

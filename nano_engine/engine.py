@@ -11,6 +11,7 @@ the chapters' traces and timelines are drawn from. Finished requests stay in `re
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, fields
@@ -20,6 +21,7 @@ import torch
 
 from . import checks
 from .mini_llm import Transformer
+from .detokenizer import IncrementalDetokenizer
 from .paged import BlockPool
 from .policies import scheduler_class
 from .request import Request, RequestStatus, SamplingParams
@@ -75,6 +77,9 @@ class LLMEngine:
             raise TypeError(f"scheduler_cls must be a class (a Scheduler subclass), got {scheduler_cls!r}")
         self.config = config or EngineConfig(**kwargs)
         self.model, self.tokenizer = model, tokenizer
+        # Fast tokenizers are not safe to call from two threads at once ("Already borrowed"): the
+        # engine decodes stop-string requests' text while a server may be encoding prompts.
+        self.tokenizer_lock = threading.Lock()
         # The KV cache first: it refuses a pool larger than memory before anything is allocated.
         self.runner = ModelRunner(model, self.config.num_blocks, self.config.block_size)
         self.block_pool = BlockPool(self.config.num_blocks, self.config.enable_prefix_caching)
@@ -126,6 +131,9 @@ class LLMEngine:
                 raise ValueError(f"logit_bias key {token} is outside the vocabulary [0, {vocab})")
         if params.logprobs is not None and params.logprobs > vocab:
             raise ValueError(f"logprobs={params.logprobs} must be <= the vocabulary size {vocab}")
+        if params.stop and self.tokenizer is None:
+            raise ValueError(f"stop={list(params.stop)!r} needs a tokenizer (stop strings are text), and this "
+                             f"engine has none: LLMEngine(model, tokenizer) or LLMEngine.from_pretrained()")
         priority = checks.integer("priority", priority)
         cache_salt = checks.cache_salt(cache_salt)
         if arrival_time is not None:
@@ -143,6 +151,8 @@ class LLMEngine:
                                  f"request to reuse its id")
         req = Request(rid, ids, params, priority=priority, seq=self._num_added, cache_salt=cache_salt,
                       arrival_time=time.perf_counter() if arrival_time is None else arrival_time)
+        if params.stop:
+            req.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output)
         self.scheduler.add_request(req)  # may refuse a request that can never fit
         self.requests[rid] = req
         self._num_added += 1
@@ -239,7 +249,17 @@ class LLMEngine:
                 req.logprobs.append(logprobs)
             req.token_times.append(now)
             sp = req.sampling_params
-            if (token in self.eos_token_ids and not sp.ignore_eos) or token in sp.stop_token_ids:
+            hit = None
+            if req.detokenizer is not None:  # stop strings: the text decides, before the token checks
+                with self.tokenizer_lock:
+                    hit = req.detokenizer.update([token])
+            if hit is not None:
+                req.stop_reason = hit
+                self.scheduler.finish(req, "stop")
+            elif token in self.eos_token_ids and not sp.ignore_eos:
+                self.scheduler.finish(req, "stop")
+            elif token in sp.stop_token_ids:
+                req.stop_reason = token
                 self.scheduler.finish(req, "stop")
             elif len(req.output_ids) >= sp.max_tokens:
                 self.scheduler.finish(req, "length")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import checks
+from .detokenizer import check_stop
 
 
 # Temperatures below this are greedy: dividing logits by less overflows float32 to inf, and the
@@ -49,6 +50,11 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = field(default=None, hash=False)
     min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens are out
     logprobs: int | None = None  # None = none; k = the sampled token's logprob and the top k's
+    # Stop strings: the output ends where one first appears in its text (the text is cut before it,
+    # or after it with include_stop_str_in_output). Text needs a tokenizer: an engine without one
+    # refuses them. A bare str is one stop string (OpenAI's API); kept as a tuple.
+    stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self):
         # Normalized values (NumPy scalars become Python ones) are written back: frozen dataclass.
@@ -78,6 +84,8 @@ class SamplingParams:
             raise ValueError(f"min_tokens={self.min_tokens} must be <= max_tokens={self.max_tokens}")
         if self.logprobs is not None:
             put("logprobs", checks.integer("logprobs", self.logprobs, minimum=0))
+        put("stop", check_stop(self.stop))
+        put("include_stop_str_in_output", checks.flag("include_stop_str_in_output", self.include_stop_str_in_output))
 
     @property
     def greedy(self) -> bool:
@@ -119,6 +127,8 @@ class Request:
     block_ids: list[int] = field(default_factory=list)  # the block table
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None  # "stop", "length", "abort", or "error" (its step raised)
+    # What ended a "stop": the stop string, or the stop_token_ids entry; None for EOS (vLLM's rule)
+    stop_reason: str | int | None = None
     num_preemptions: int = 0
     num_cached_tokens: int = -1  # prefix-cache hit at first admission; -1 until admitted
     recompute_until: int = 0  # tokens that had KV before the last preemption
@@ -128,6 +138,9 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of full blocks
     cache_salt: str | None = None  # mixed into the first block's hash: shares only with the same salt
     logprobs: list = field(default_factory=list)  # one sampling.SampleLogprobs per output token, if asked
+    # The output's text, made by the engine as tokens come, for requests with stop strings
+    # (an IncrementalDetokenizer; None otherwise). `output_text` reads it.
+    detokenizer: object | None = field(default=None, repr=False)
 
     def __post_init__(self):
         if self.sampling_params.seed is not None:
@@ -136,6 +149,12 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
+
+    @property
+    def output_text(self) -> str | None:
+        """The output as text, cut at the stop string that ended it; None unless the request has
+        stop strings (otherwise decode `output_ids` with the tokenizer)."""
+        return None if self.detokenizer is None else self.detokenizer.output_text
 
     @property
     def num_tokens(self) -> int:

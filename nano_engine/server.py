@@ -93,7 +93,8 @@ class OpenAIServing:
                 return list(self.tokenizer(prompt)["input_ids"]), "prompt"
             return list(prompt), "prompt"
 
-    def _sampling_params(self, req, num_prompt: int, prompt_param: str) -> tuple[SamplingParams, str]:
+    def _sampling_params(self, req, num_prompt: int, prompt_param: str,
+                         stop: tuple[str, ...]) -> tuple[SamplingParams, str]:
         max_tokens, max_param = req.max_tokens, "max_tokens"
         if getattr(req, "max_completion_tokens", None) is not None:
             max_tokens, max_param = req.max_completion_tokens, "max_completion_tokens"
@@ -117,7 +118,8 @@ class OpenAIServing:
                 seed=req.seed, stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos,
                 min_p=_or(req.min_p, 0.0), repetition_penalty=_or(req.repetition_penalty, 1.0),
                 presence_penalty=_or(req.presence_penalty, 0.0), frequency_penalty=_or(req.frequency_penalty, 0.0),
-                logit_bias=_logit_bias(req.logit_bias), min_tokens=req.min_tokens, logprobs=_num_logprobs(req))
+                logit_bias=_logit_bias(req.logit_bias), min_tokens=req.min_tokens, logprobs=_num_logprobs(req),
+                stop=stop, include_stop_str_in_output=req.include_stop_str_in_output)
         except (TypeError, ValueError) as e:
             raise APIError(str(e), param_of(e, {"max_tokens": max_param})) from e
         return params, max_param
@@ -130,15 +132,13 @@ class OpenAIServing:
         except (TypeError, ValueError) as e:
             raise APIError(str(e), "stop") from e
         ids, prompt_param = self._prompt_ids(req)
-        params, max_param = self._sampling_params(req, len(ids), prompt_param)
+        params, max_param = self._sampling_params(req, len(ids), prompt_param, stop)
         if req.priority != 0 and self.llm.engine.config.policy != "priority":
             raise APIError(f"priority={req.priority} needs --scheduling-policy priority (this server runs "
                            f"{self.llm.engine.config.policy})", "priority")
         rid = f"{kind}-{uuid.uuid4().hex}"
         try:
-            stream = await self.llm.add_request(ids, params, rid, priority=req.priority, stop=stop,
-                                                include_stop_str_in_output=req.include_stop_str_in_output,
-                                                cache_salt=req.cache_salt)
+            stream = await self.llm.add_request(ids, params, rid, priority=req.priority, cache_salt=req.cache_salt)
         except EngineDeadError as e:
             raise APIError(str(e), None, 503, "ServiceUnavailableError") from e
         except (TypeError, ValueError) as e:

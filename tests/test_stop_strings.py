@@ -1,0 +1,144 @@
+"""Stop strings in SamplingParams (vLLM's `stop`, `include_stop_str_in_output`), honoured by the
+LLMEngine itself: the request finishes in the step whose token completes the string, its text is
+cut there, `stop_reason` names the string, and nothing else about the run changes (the tokens
+before the stop, the other requests of the batch, the blocks)."""
+
+import pytest
+
+from nano_engine import LLMEngine, SamplingParams
+from nano_engine.loading import load_tokenizer
+from nano_engine.tiny import tiny_model
+
+# Ids up to 600 of SmolLM2's tokenizer: byte tokens and common merges (" the", "in", ...), so
+# the text of a random model's output has multi-character tokens and strings spanning tokens.
+MODEL = tiny_model(seed=3, vocab_size=600, num_layers=1, eos_token_id=2)
+PROMPTS = [[17, 300, 301, 45], [120, 121, 122], [400, 33, 250, 251, 252, 90]]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer()
+
+
+def text_of(tok, ids):
+    return tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def unstopped(tok, prompt, **kw):
+    req = LLMEngine(MODEL, tok, num_blocks=64, block_size=4).generate(
+        [prompt], SamplingParams(max_tokens=40, ignore_eos=True, **kw))[0]
+    return req.output_ids, text_of(tok, req.output_ids)
+
+
+def first_token_completing(tok, ids, stop):
+    """How many output tokens it takes until `stop` appears in their text."""
+    for n in range(1, len(ids) + 1):
+        if stop in text_of(tok, ids[:n]):
+            return n
+    raise AssertionError(f"{stop!r} is not in the output")
+
+
+@pytest.mark.parametrize("include", [False, True])
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_a_stop_string_ends_the_request_where_its_text_completes(tok, prompt, include):
+    ids, text = unstopped(tok, prompt)
+    # A stop string from the middle of the output that spans a token boundary when there is one.
+    mid = len(text) // 2
+    stop = text[mid:mid + 3]
+    assert stop.strip(), "the test needs a visible stop string"
+    n = first_token_completing(tok, ids, stop)
+    start = text.find(stop)
+    eng = LLMEngine(MODEL, tok, num_blocks=64, block_size=4)
+    req = eng.generate([prompt], SamplingParams(max_tokens=40, ignore_eos=True, stop=[stop, "\x00never"],
+                                                include_stop_str_in_output=include))[0]
+    assert req.finish_reason == "stop" and req.stop_reason == stop
+    assert req.output_ids == ids[:n]  # the tokens before it are those of the run without stops
+    assert req.output_text == (text[:start + len(stop)] if include else text[:start])
+    assert eng.block_pool.num_free == 64 and not eng.requests
+
+
+def test_stop_strings_change_nothing_for_the_rest_of_the_batch(tok):
+    alone = [unstopped(tok, p)[0] for p in PROMPTS]
+    text = text_of(tok, alone[1])
+    stop = text[5:8]
+    n = first_token_completing(tok, alone[1], stop)
+    params = [SamplingParams(max_tokens=40, ignore_eos=True) for _ in PROMPTS]
+    params[1] = SamplingParams(max_tokens=40, ignore_eos=True, stop=stop)  # a bare str is one stop string
+    assert params[1].stop == (stop,)
+    eng = LLMEngine(MODEL, tok, num_blocks=64, block_size=4, max_num_batched_tokens=5)
+    out = eng.generate(PROMPTS, params)
+    assert [r.output_ids for r in out] == [alone[0], alone[1][:n], alone[2]]
+    assert [r.finish_reason for r in out] == ["length", "stop", "length"]
+    assert [r.stop_reason for r in out] == [None, stop, None]
+    assert out[0].output_text is None  # only requests with stop strings carry text
+    assert not eng.requests and not eng.has_unfinished()
+
+
+def test_a_stop_string_never_seen_leaves_the_output_whole(tok):
+    ids, text = unstopped(tok, PROMPTS[0])
+    req = LLMEngine(MODEL, tok, num_blocks=64, block_size=4).generate(
+        [PROMPTS[0]], SamplingParams(max_tokens=40, ignore_eos=True, stop=["\x00 not in any output"]))[0]
+    assert req.output_ids == ids and req.finish_reason == "length" and req.stop_reason is None
+    assert req.output_text == text
+
+
+def test_stop_token_ids_and_eos_give_vllms_stop_reason(tok):
+    ids, _ = unstopped(tok, PROMPTS[2])
+    stop_id = ids[6]
+    first = ids.index(stop_id)
+    eng = LLMEngine(MODEL, tok, num_blocks=64, block_size=4)
+    req = eng.generate([PROMPTS[2]], SamplingParams(max_tokens=40, ignore_eos=True, stop_token_ids=[stop_id]))[0]
+    assert req.output_ids == ids[:first + 1] and req.finish_reason == "stop" and req.stop_reason == stop_id
+    eos = tiny_model(seed=3, vocab_size=600, num_layers=1, eos_token_id=ids[4])
+    req = LLMEngine(eos, tok, num_blocks=64, block_size=4).generate([PROMPTS[2]], SamplingParams(max_tokens=40))[0]
+    assert req.output_ids[-1] == ids[4] and req.finish_reason == "stop" and req.stop_reason is None
+
+
+def test_stop_strings_without_a_tokenizer_are_refused_before_anything_changes():
+    eng = LLMEngine(MODEL, num_blocks=16, block_size=4)
+    with pytest.raises(ValueError, match=r"stop=\['ab'\] needs a tokenizer"):
+        eng.add_request([1, 2, 3], SamplingParams(stop=["ab"]))
+    assert not eng.requests and eng.block_pool.num_free == 16
+    assert eng.generate([[1, 2, 3]], SamplingParams(max_tokens=3))[0].output_ids  # the engine serves on
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    ([""], ValueError, "must not contain an empty string"),
+    ([1], TypeError, "must be a string or a list of strings"),
+    (b"ab", TypeError, "must be a string or a list of strings"),
+    (5, TypeError, "must be a string or a list of strings"),
+])
+def test_bad_stop_strings_are_refused_by_name(bad, error, message):
+    with pytest.raises(error, match=message) as e:
+        SamplingParams(stop=bad)
+    assert "stop=" in str(e.value)
+    with pytest.raises(TypeError, match="include_stop_str_in_output=1 must be True or False"):
+        SamplingParams(stop="a", include_stop_str_in_output=1)
+    assert SamplingParams(stop=None).stop == () and SamplingParams(stop=["a", "b"]).stop == ("a", "b")
+    assert hash(SamplingParams(stop=["a"])) == hash(SamplingParams(stop=("a",)))
+
+
+def test_the_async_engine_streams_the_engines_text_once_and_its_stop_reason(tok):
+    """AsyncLLM reads a stop-string request's text from the engine's detokenizer: the streamed
+    deltas join to the engine's cut text, and the last output says which string stopped it."""
+    import asyncio
+
+    from nano_engine.async_engine import AsyncLLM
+
+    ids, text = unstopped(tok, PROMPTS[0])
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    n = first_token_completing(tok, ids, stop)
+    llm = AsyncLLM(LLMEngine(MODEL, num_blocks=64, block_size=4), tok)  # the tokenizer given to AsyncLLM only
+
+    async def main():
+        sp = SamplingParams(max_tokens=40, ignore_eos=True, stop=[stop])
+        return [o async for o in llm.generate(PROMPTS[0], sp)]
+
+    try:
+        outs = asyncio.run(asyncio.wait_for(main(), timeout=60))
+    finally:
+        llm.shutdown()
+    assert [t for o in outs for t in o.new_token_ids] == ids[:n]
+    assert "".join(o.new_text for o in outs) == text[:text.find(stop)]
+    assert outs[-1].finish_reason == "stop" and outs[-1].stop_reason == stop
+    assert not llm.engine.requests and llm.engine.block_pool.num_free == 64
