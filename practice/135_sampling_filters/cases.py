@@ -162,6 +162,11 @@ CASES = [
             "top-p keeps the smallest set of most likely tokens whose probabilities reach top_p, the token that "
             "crosses top_p included: p = 0.6 over 0.4, 0.3, 0.2, 0.1 keeps 0.4 and 0.3 (drop a token only when "
             "the tokens before it already reach top_p)"),
+    filters("top_p_exactly_reached_drops_the_next_token",
+            [([0.0] * 4, 0, 0.5, 0.0), ([0.0] * 4, 0, 0.75, 0.0), ([0.0] * 8, 0, 0.375, 0.0),
+             ([0.0] * 4, 0, 0.25, 0.0)],
+            "drop a token as soon as the tokens before it reach top_p, also when they reach it exactly (>=, not "
+            ">): four equal tokens of 0.25 with top_p = 0.5 keep two (the smaller ids first among equals)"),
     filters("top_p_1_keeps_everything_a_tiny_top_p_keeps_the_top",
             [(Q, 0, 1.0, 0.0), (Q, 0, 1e-9, 0.0), ([0.1, 0.6, 0.3], 0, 1e-9, 0.0)],
             "top_p=1 keeps every token; however small top_p is, the most likely token always stays"),
