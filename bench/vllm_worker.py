@@ -75,7 +75,7 @@ def build(args):
     blocks = cache.num_gpu_blocks
     info = dict(ready=True, vllm=vllm.__version__, dtype=args.dtype, block_size=cache.block_size,
                 num_kv_blocks=blocks, kv_cache_tokens=blocks * cache.block_size if blocks else None,
-                kv_cache_space_gib=float(os.environ["VLLM_CPU_KVCACHE_SPACE"]),
+                kv_cache_space_gib=int(os.environ["VLLM_CPU_KVCACHE_SPACE"]),
                 omp_threads_bind=os.environ["VLLM_CPU_OMP_THREADS_BIND"],
                 prefix_caching=cache.enable_prefix_caching, startup_s=time.perf_counter() - t)
     return llm, info
@@ -113,8 +113,8 @@ def main(argv=None) -> int:
     ap.add_argument("--engine-args", default="{}", help="vLLM EngineArgs keywords, as JSON")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                     help="OpenMP threads (one per CPU) unless VLLM_CPU_OMP_THREADS_BIND is set")
-    ap.add_argument("--kv-space-gib", type=float, default=2.0,
-                    help="KV cache, GiB, unless VLLM_CPU_KVCACHE_SPACE is set")
+    ap.add_argument("--kv-space-gib", type=int, default=2,
+                    help="KV cache, whole GiB (vLLM reads an int), unless VLLM_CPU_KVCACHE_SPACE is set")
     ap.add_argument("--eos", type=int, default=2, help="end-of-sequence id, for requests that do not ignore it")
     args = ap.parse_args(argv)
     llm, info = build(args)
