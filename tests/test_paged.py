@@ -1,9 +1,11 @@
 """BlockPool: reference counts, the free queue's eviction order, prefix caching; PagedKVCache."""
 
+import hashlib
+
 import pytest
 import torch
 
-from nano_engine.paged import BlockPool, PagedKVCache, block_hashes
+from nano_engine.paged import BlockPool, PagedKVCache, block_hashes, hash_block
 from nano_engine.runner import slots_of
 
 
@@ -29,6 +31,32 @@ def test_chained_hash_depends_on_the_whole_prefix():
     assert len(h1) == 3 and h1[0] != h2[0]
     assert h1[1] != h2[1] and h1[2] != h2[2]  # same tokens, different parent: different block
     assert block_hashes([1, 2, 3, 4, 5], 2) == h1[:2]  # a partial block is never named
+
+
+def test_hash_block_is_the_recipe_chapter_5_builds_by_hand():
+    """16-byte BLAKE2b over the parent's name (b"root" for the first block), the tokens as decimal
+    text joined by commas, then "|" and the extra keys if there are any. Chapter 5.1 and exercise 133
+    rebuild names this way, and a name without extra keys must not depend on how "none" is said."""
+    def by_hand(parent, tokens, extra=b""):
+        h = hashlib.blake2b(parent or b"root", digest_size=16)
+        h.update(b",".join(str(t).encode() for t in tokens))
+        if extra:
+            h.update(b"|" + extra)
+        return h.digest()
+
+    first = hash_block(None, [1, 23, 4])
+    assert len(first) == 16 and first == by_hand(None, [1, 23, 4]) == hash_block(None, [1, 23, 4], b"")
+    assert hash_block(first, [5, 6], b"salt:x") == by_hand(first, [5, 6], b"salt:x")
+    assert hash_block(None, [1, 23, 4]) != hash_block(None, [12, 3, 4])  # the separator keeps tokens apart
+    assert block_hashes([1, 23, 4, 5, 6, 7], 3) == [first, by_hand(first, [5, 6, 7])]
+
+
+def test_the_kv_cache_and_the_slot_mapping_keep_their_shapes_and_types():
+    cache = PagedKVCache(num_layers=2, num_blocks=5, block_size=3, num_kv_heads=2, head_dim=4)
+    assert (cache.num_blocks, cache.block_size) == (5, 3)
+    assert cache.k[1].shape == cache.v[0].shape == (15, 2, 4)
+    # Slots index rows with index_copy_, which takes int64 only, also for an empty chunk.
+    assert slots_of([], 0, 0, 3).dtype == slots_of([2], 0, 2, 3).dtype == torch.long
 
 
 def test_prefix_cache_lookup_touch_and_lru_eviction():
