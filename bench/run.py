@@ -105,7 +105,7 @@ def model_flops(roof: roofline.Roofline, model, w: Workload, steps, outputs) -> 
 def make_systems(names, dtypes, models, threads, workload: Workload, skipped: set[str],
                  vllm: dict | None = None):
     """The systems of one workload: nano_engine in each dtype, then the peers named. `vllm` keeps
-    the vLLM workers (one per dtype) from one workload to the next: each takes ~100 s to start."""
+    the vLLM workers (one per dtype) from one workload to the next: each takes minutes to start."""
     out = [S.NanoEngine(dt, models[dt]) for dt in dtypes]
     vllm = {} if vllm is None else vllm
     for name in names:

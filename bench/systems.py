@@ -331,7 +331,8 @@ class LlamaCpp(System):
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 VLLM_WORKER = Path(__file__).resolve().parent / "vllm_worker.py"
-VLLM_KV_SPACE_GIB = 2  # VLLM_CPU_KVCACHE_SPACE: W2 at its longest needs ~17,300 tokens, ~0.8 GiB in float32
+VLLM_KV_SPACE_GIB = 2  # VLLM_CPU_KVCACHE_SPACE: all of W2 at once is 17,276 tokens, at most ~25,500 in
+#                        blocks of 128: 1.1 GiB in float32 (45 KiB a token); 2 GiB holds 46,592 tokens
 VLLM_MAX_MODEL_LEN = 4096  # W3's prompts are 2,000 tokens
 
 
@@ -370,11 +371,11 @@ def vllm_model_folder() -> Path:
 class VLLMOffline(System):
     """vLLM's offline API (`vllm.LLM.generate`) in a worker process of its own venv (vllm_worker.py).
 
-    setup() starts the worker and waits for its ready line (vLLM takes ~100 s to build an engine
-    on 2 cores); run() sends the whole workload as one request and returns the outputs; close()
-    ends the worker. The benchmark times the wall around run(), like every system's; the worker
-    also reports the time of its generate call alone, kept in `worker_seconds` (the difference is
-    the pipe and JSON's cost). Every read from the worker has a timeout, and a worker that dies or
+    setup() starts the worker and waits for its ready line (vLLM takes 2-4 minutes to build an
+    engine on 2 cores: it compiles the model); run() sends the whole workload as one request and
+    returns the outputs; close() ends the worker. The benchmark times the wall around run(), like
+    every system's; the worker also reports the time of its generate call alone, kept in
+    `worker_seconds` (the difference is the pipe and JSON's cost). Every read from the worker has a timeout, and a worker that dies or
     answers nonsense raises RuntimeError with the last lines of its stderr.
 
     `command` replaces the worker's command line (the tests run a fake worker)."""
