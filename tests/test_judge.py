@@ -176,8 +176,12 @@ def test_a_syntax_error_is_reported_once_with_its_line(tmp_path):
     text = result.report()
     assert text.count("was never closed") == 1 and "runtime error" not in text, text
     lines = text.splitlines()
-    assert lines[1] == f"FAIL  loading {broken}"
-    assert lines[2] == f"      syntax error at line 3 of {broken}: '(' was never closed", text
+    # The path as _show writes it: relative to the working directory when it is at most one level
+    # up (a notebook's ../practice/...), absolute otherwise; tmp_path may be either, by where the
+    # checkout lies.
+    assert lines[1] == f"FAIL  loading {judge._show(broken)}"
+    assert judge._show(broken) in (str(broken), os.path.relpath(broken))
+    assert lines[2] == f"      syntax error at line 3 of {judge._show(broken)}: '(' was never closed", text
     assert lines[3].strip() == "class Scheduler(" and lines[4].strip() == "^"
     assert lines[5:] == [f"NOT RUN  all {len(result.cases)} cases: fix the error above, then grade again",
                          f"0 passed, {len(result.cases)} failed"]
