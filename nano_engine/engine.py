@@ -169,7 +169,8 @@ class LLMEngine:
 
     def abort(self, request_id: str, finish_reason: str = "abort") -> None:
         """Stop a request and free everything it holds (nothing happens if it has finished).
-        finish_reason "stop": the caller found a stop string in its text (async_engine.py)."""
+        finish_reason "stop": the caller decided the output is complete (stop strings in
+        SamplingParams are found by the engine itself, in the step that completes them)."""
         req = self._get(request_id)
         finish_reason = checks.choice("finish_reason", finish_reason, ("abort", "stop"))
         if not req.is_finished:
