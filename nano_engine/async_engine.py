@@ -69,7 +69,6 @@ class _Stream:
     queue: asyncio.Queue
     detokenizer: IncrementalDetokenizer | None
     num_sent: int = 0  # output tokens already handed out
-    stop_reason: str | int | None = None
 
 
 class RequestStream:
@@ -243,12 +242,11 @@ class AsyncLLM:
                     with self.tokenizer_lock:
                         detok.update(new_ids)
                 text = detok.take_delta(finished=req.is_finished)
-            stream.stop_reason = req.stop_reason
             sp = req.sampling_params
             out = RequestOutput(
                 rid, list(new_ids), text, list(req.token_times[stream.num_sent:]), req.num_prompt_tokens,
                 max(req.num_cached_tokens, 0), len(req.output_ids), req.arrival_time,
-                req.is_finished, req.finish_reason, stream.stop_reason if req.is_finished else None,
+                req.is_finished, req.finish_reason, req.stop_reason if req.is_finished else None,
                 list(req.logprobs[stream.num_sent:]) if sp.logprobs is not None else None)
             stream.num_sent = len(req.output_ids)
             if req.is_finished:
