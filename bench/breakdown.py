@@ -54,13 +54,14 @@ def main(argv=None) -> int:
     ap.add_argument("--workload", default="W2[:16]", help="W1, W2, W3, or W2[:N]")
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--top", type=int, default=0, help="also print the N most expensive operators")
+    ap.add_argument("--prepack", action="store_true", help="float32 with the packed oneDNN weights (Transformer.prepack)")
     args = ap.parse_args(argv)
     name, _, head = args.workload.partition("[:")
     w = WORKLOADS[name]()
     if head:
         w = w.head(int(head.rstrip("]")))
     for dt in args.dtypes.split(","):
-        model = Transformer.from_pretrained(dtype=getattr(torch, dt))
+        model = Transformer.from_pretrained(dtype=getattr(torch, dt), prepack=args.prepack and dt == "float32")
         system = S.NanoEngine(dt, model)
         system.run(w)  # warm-up
         with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -74,7 +75,7 @@ def main(argv=None) -> int:
         ops = sum(totals.values())
         totals["Python and dispatch (wall minus operators)"] = max(wall - ops, 0.0)
         steps = system.last_engine.stats.steps
-        print(f"\n{dt}, {w.name}: {steps} steps in {wall:.2f} s under the profiler", flush=True)
+        print(f"\n{dt}{' prepacked' if model.prepacked else ''}, {w.name}: {steps} steps in {wall:.2f} s under the profiler", flush=True)
         for group, secs in sorted(totals.items(), key=lambda kv: -kv[1]):
             print(f"  {group:<46} {secs:6.2f} s {secs / wall:6.1%}  {secs / steps * 1e3:6.1f} ms/step")
         if args.top:

@@ -74,7 +74,7 @@ def reference(model: Transformer, w: Workload, fresh: bool) -> list[list[int]]:
     torch version, dtype and model code, so that later runs and subsets reuse it."""
     env = json.dumps([str(model.dtype), torch.__version__, ONEDNN_FP32, cpu_name(), torch.get_num_threads(),
                       hashlib.sha256(Path(mini_llm.__file__).read_bytes()).hexdigest(),
-                      getattr(model, "name_or_path", "")])
+                      getattr(model, "name_or_path", "")] + (["prepacked"] if model.prepacked else []))
     path = CACHE / f"reference-{hashlib.sha256(env.encode()).hexdigest()[:16]}.json"
     known = json.loads(path.read_text()) if path.is_file() and not fresh else {}
     keys = [hashlib.sha256(json.dumps([list(r.prompt_ids), r.max_tokens, r.ignore_eos]).encode()).hexdigest()
@@ -343,6 +343,9 @@ def main(argv=None) -> int:
                          "time alone needs minutes per W2 run)")
     ap.add_argument("--threads", type=int, default=None, help="threads for torch, llama.cpp and vLLM")
     ap.add_argument("--fresh-reference", action="store_true", help="recompute the generate references")
+    ap.add_argument("--prepack", action="store_true",
+                    help="nano_engine float32 on weights packed for oneDNN at load time (Transformer.prepack), "
+                         "as vLLM does on CPU; its reference is generate on the same packed weights")
     ap.add_argument("--json", type=Path, help="write all figures to this file")
     args = ap.parse_args(argv)
     if args.threads:
@@ -353,11 +356,13 @@ def main(argv=None) -> int:
     names = ["W1", "W2"] if args.quick else args.workloads.split(",")
 
     print(f"# nano_engine benchmark\n{cpu_name()}, {os.cpu_count()} cores, {threads} threads, torch "
-          f"{torch.__version__}, float32 matmuls via {'oneDNN' if ONEDNN_FP32 else 'MKL/BLAS'}, "
+          f"{torch.__version__}, float32 matmuls via {'oneDNN' if ONEDNN_FP32 else 'MKL/BLAS'}"
+          f"{' on packed weights (--prepack)' if args.prepack else ''}, "
           f"load average {os.getloadavg()[0]:.1f} at start")
     res = dict(cpu=cpu_name(), threads=threads, torch=torch.__version__, load_start=os.getloadavg()[0],
-               workloads={}, roofline={})
-    models = {dt: Transformer.from_pretrained(dtype=getattr(torch, dt)) for dt in dtypes}
+               prepack=args.prepack, workloads={}, roofline={})
+    models = {dt: Transformer.from_pretrained(dtype=getattr(torch, dt), prepack=args.prepack and dt == "float32")
+              for dt in dtypes}
     bench = Bench(args, models)
     bench.reps = 2 if args.quick else args.reps
 

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import checks
+
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -42,12 +44,16 @@ ONEDNN_FP32 = torch.backends.mkldnn.is_available() and _has_onednn_linear()
 HALF_ROWS = 32  # the most rows oneDNN's bfloat16 / float16 matmul takes in one call here (see linear)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           packed: "PackedWeight | None" = None) -> torch.Tensor:
     """x @ weight.T + bias, on the fastest kernel that gives every row what it would get alone.
 
     * float32 goes to oneDNN when no gradient is wanted: PyTorch gives float32 products to MKL's
       sgemm, which takes an AVX2 code path on AMD CPUs; oneDNN (PyTorch's own bfloat16 path) uses
       AVX-512 and is 1.5-1.9x faster from 2 rows up on this project's machine. It has no backward.
+      With `packed` (Transformer.prepack), oneDNN reads the weight in its own blocked layout,
+      reordered once at load time, as vLLM's CPU backend does: faster still, and on CPUs where the
+      plain call's one-row kernel rounds differently, the packed kernel does not.
     * bfloat16 and float16: oneDNN computes a single row with another kernel than two or more
       rows, and for some shapes (576 x 1536 here) the two round differently. A batched step must
       give each request the bits that request would get alone, so one row goes in as two.
@@ -57,6 +63,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """
     if x.dim() == 2 and not (torch.is_grad_enabled() and weight.requires_grad):
         if x.dtype == torch.float32 and ONEDNN_FP32:
+            if packed is not None and packed.matches(weight):
+                weight = packed.tensor
             return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
         if x.dtype in (torch.bfloat16, torch.float16):
             if x.shape[0] == 1:
@@ -66,11 +74,31 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+class PackedWeight:
+    """A float32 weight reordered once into oneDNN's blocked layout (vLLM's CPU backend does the
+    same at load time: `dispatch_cpu_unquantized_gemm` in vllm/model_executor/layers/utils.py).
+    `linear` uses it only while the weight it was made from is unchanged: the same storage, dtype
+    and version counter (an in-place edit or `.to()` makes it stale, and the plain path runs)."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)  # None: any row count
+        self._key = self._key_of(weight)
+
+    @staticmethod
+    def _key_of(weight: torch.Tensor):
+        return weight.data_ptr(), weight.dtype, tuple(weight.shape), weight._version
+
+    def matches(self, weight: torch.Tensor) -> bool:
+        return self._key == self._key_of(weight)
+
+
 class Linear(nn.Linear):
     """nn.Linear through `linear` above."""
 
+    packed: PackedWeight | None = None  # Transformer.prepack
+
     def forward(self, x):
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.packed)
 
 
 def fuse_weights(modules: list[nn.Linear], owner: nn.Module, name: str) -> None:
@@ -210,7 +238,7 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, attend: Attend) -> torch.Tensor:
         T, nh, nkv, hd = x.shape[0], self.nh, self.nkv, self.hd
         if getattr(self, "qkv_weight", None) is not None:  # fused: one matmul, one rotation for q and k
-            y = linear(x, self.qkv_weight, self.qkv_bias)
+            y = linear(x, self.qkv_weight, self.qkv_bias, getattr(self, "qkv_packed", None))
             qk, v = y[:, :(nh + nkv) * hd].view(T, nh + nkv, hd), y[:, (nh + nkv) * hd:].view(T, nkv, hd)
             if not hasattr(self, "q_norm"):
                 qk = apply_rope(qk, cos, sin)
@@ -241,7 +269,7 @@ class MLP(nn.Module):
 
     def forward(self, x):
         if getattr(self, "gate_up_weight", None) is not None:
-            gate, up = linear(x, self.gate_up_weight).chunk(2, dim=-1)
+            gate, up = linear(x, self.gate_up_weight, packed=getattr(self, "gate_up_packed", None)).chunk(2, dim=-1)
             return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
 
@@ -295,12 +323,16 @@ class Transformer(nn.Module):
         return self.lm_head(hidden)  # (rows, vocab)
 
     @classmethod
-    def from_pretrained(cls, path=None, dtype: torch.dtype | str = torch.float32) -> "Transformer":
+    def from_pretrained(cls, path=None, dtype: torch.dtype | str = torch.float32,
+                        prepack: bool = False) -> "Transformer":
         """Load a Hugging Face folder or a GGUF file; None means $NANO_ENGINE_MODEL or the embedded
-        model. `dtype`: torch.float32 / bfloat16 / float16 / float64, or a name ("bf16", ...)."""
+        model. `dtype`: torch.float32 / bfloat16 / float16 / float64, or a name ("bf16", ...).
+        `prepack`: reorder the float32 matmul weights for oneDNN once (see `prepack`)."""
         from .loading import ModelLoadError, load_checkpoint, resolve_dtype, resolve_model_path
 
         dtype = resolve_dtype(dtype)  # before the load: a wrong dtype must not cost seconds
+        if checks.flag("prepack", prepack) and dtype != torch.float32:
+            raise ValueError(f"prepack=True needs dtype float32, got {dtype}")
         path = resolve_model_path(path)
         hf_config, state = load_checkpoint(path)
         cfg = ModelConfig.from_hf(hf_config)
@@ -328,6 +360,8 @@ class Transformer(nn.Module):
         model.name_or_path = str(path)
         model = model.to(dtype).eval().requires_grad_(False)  # for inference
         model.fuse()
+        if prepack:
+            model.prepack()
         return model
 
     def fuse(self) -> "Transformer":
@@ -336,6 +370,46 @@ class Transformer(nn.Module):
         for block in self.model.layers:
             block.self_attn.fuse()
             block.mlp.fuse()
+        return self
+
+    def linear_sites(self):
+        """(owner, attribute of its packed weight, the weight) for every matmul of a forward pass:
+        the fused q/k/v and gate/up where fused, else each projection, and the head."""
+        for block in self.model.layers:
+            for owner, fused, parts in ((block.self_attn, "qkv", ("q_proj", "k_proj", "v_proj", "o_proj")),
+                                        (block.mlp, "gate_up", ("gate_proj", "up_proj", "down_proj"))):
+                weight = getattr(owner, f"{fused}_weight", None)
+                if weight is not None:
+                    yield owner, f"{fused}_packed", weight
+                    parts = parts[-1:]
+                for name in parts:
+                    yield getattr(owner, name), "packed", getattr(owner, name).weight
+        yield self.lm_head, "packed", self.lm_head.weight
+
+    @property
+    def prepacked(self) -> bool:
+        """True when every matmul of a forward pass reads a packed weight that is still current."""
+        return all(isinstance(p := getattr(o, a, None), PackedWeight) and p.matches(w)
+                   for o, a, w in self.linear_sites())
+
+    def prepack(self) -> "Transformer":
+        """The fast path for float32 (a setting, off by default): reorder each matmul's weight once
+        into oneDNN's blocked layout, as vLLM does on CPU, so that no step pays for the reorder.
+        Costs a second copy of the matmul weights. The plain path stays the reference: the
+        tests check that both give the same tokens. Needs a float32 model and oneDNN."""
+        if self.dtype != torch.float32:
+            raise ValueError(f"prepack needs a float32 model; this one is {self.dtype} "
+                             f"(oneDNN's packed bfloat16 / float16 kernels need CPU features this path does not check)")
+        if not ONEDNN_FP32:
+            raise RuntimeError("prepack needs PyTorch's oneDNN (torch.backends.mkldnn), which this build lacks")
+        for owner, attr, weight in self.linear_sites():
+            setattr(owner, attr, PackedWeight(weight))
+        return self
+
+    def unpack(self) -> "Transformer":
+        """Drop the packed weights: every matmul takes the plain path again."""
+        for owner, attr, _ in self.linear_sites():
+            setattr(owner, attr, None)
         return self
 
 

@@ -370,7 +370,8 @@ def test_a_server_started_from_a_short_lived_thread_outlives_it():
 
 @pytest.mark.parametrize("flags, says", [(["--port", "70000"], "--port"), (["--max-num-seqs", "0"], "--max-num-seqs"),
                                          (["--scheduling-policy", "lifo"], "--scheduling-policy"),
-                                         (["--dtype", "int8"], "--dtype")])
+                                         (["--dtype", "int8"], "--dtype"),
+                                         (["--dtype", "bf16", "--prepack"], "--prepack needs --dtype float32")])
 def test_serve_cli_refuses_bad_flags_in_one_line(flags, says):
     r = subprocess.run([sys.executable, "-m", "nano_engine", "serve", *flags], capture_output=True, text=True,
                        timeout=60)

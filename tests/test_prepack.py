@@ -1,0 +1,146 @@
+"""The float32 fast path (Transformer.prepack): oneDNN reads weights packed once at load time.
+
+It is a setting; the plain path stays the reference. What it must keep: every row gets the bits
+it gets alone (the engine's identity rests on it), the same greedy tokens as the plain path, and
+no stale weights when the model changes under it.
+"""
+
+import pytest
+import torch
+
+from nano_engine import mini_llm
+from nano_engine.engine import LLMEngine
+from nano_engine.experiments import CHAT_PROMPTS, identity_check
+from nano_engine.loading import chat_prompt_ids, load_tokenizer
+from nano_engine.mini_llm import PackedWeight, Transformer, generate, linear
+from nano_engine.sampling import SamplingParams
+from nano_engine.tiny import tiny_model
+
+@pytest.fixture(scope="module")
+def embedded():
+    return Transformer.from_pretrained(prepack=True)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    tok = load_tokenizer()
+    return [chat_prompt_ids(tok, text) for text in CHAT_PROMPTS]
+
+
+# The embedded model's matmuls (q/k/v fused, o, gate/up fused, down, the head) and Qwen3-0.6B's.
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576), (4096, 1024), (1024, 2048)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_packed_linear_gives_each_row_the_bits_it_gets_alone(shape):
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(*shape, generator=gen)
+    x = torch.randn(520, shape[1], generator=gen)
+    packed = PackedWeight(w)
+    alone = torch.cat([linear(x[i:i + 1], w, packed=packed) for i in range(48)])
+    for rows in (2, 3, 16, 17, 33, 48, 100, 520):
+        assert torch.equal(linear(x[:rows], w, packed=packed)[:48], alone[:rows]), rows
+    tail = torch.cat([linear(x[i:i + 1], w, packed=packed) for i in range(500, 520)])
+    assert torch.equal(linear(x, w, packed=packed)[500:], tail)
+    # The same products as the plain call, to float32 rounding.
+    assert torch.allclose(linear(x[:64], w, packed=packed), torch.nn.functional.linear(x[:64], w),
+                          rtol=1e-5, atol=1e-3)
+
+
+def test_every_matmul_of_a_forward_pass_reads_a_packed_weight(monkeypatch):
+    model = tiny_model(seed=1, dtype=torch.float32).prepack()
+    assert model.prepacked
+    calls = []
+    real = mini_llm.linear
+
+    def spy(x, weight, bias=None, packed=None):
+        calls.append(packed is not None and packed.matches(weight))
+        return real(x, weight, bias, packed)
+
+    monkeypatch.setattr(mini_llm, "linear", spy)
+    with torch.inference_mode():
+        model.compute_logits(model(torch.tensor([3, 4, 5]), torch.arange(3)))
+    layers = model.config.num_hidden_layers
+    assert len(calls) == 7 * layers + 1  # q, k, v, o, gate, up, down in each layer (unfused), the head
+    assert all(calls)
+
+
+def test_the_fused_embedded_model_is_packed_at_every_site(embedded):
+    assert embedded.prepacked
+    sites = list(embedded.linear_sites())
+    assert len(sites) == 4 * embedded.config.num_hidden_layers + 1  # qkv, o, gate_up, down; the head
+    assert len({id(w) for _, _, w in sites}) == len(sites)
+
+
+def test_packed_and_plain_give_the_same_greedy_tokens(embedded, prompts):
+    plain = Transformer.from_pretrained()
+    assert not plain.prepacked
+    for ids in prompts[:3]:
+        assert generate(embedded, ids, 16) == generate(plain, ids, 16)
+    ids = torch.tensor(prompts[0])
+    with torch.inference_mode():
+        a = embedded.compute_logits(embedded(ids, torch.arange(len(ids))))
+        b = plain.compute_logits(plain(ids, torch.arange(len(ids))))
+    assert torch.allclose(a, b, rtol=1e-5, atol=1e-4), (a - b).abs().max()
+
+
+def test_the_engine_on_packed_weights_equals_generate_on_them(embedded, prompts):
+    result = identity_check(embedded, prompts, max_tokens=16)
+    assert [r.identical for r in result.rows] == [True] * len(result.rows)
+    assert embedded.prepacked  # the engine did not drop or replace them
+
+
+def test_an_engine_batch_of_one_and_of_many_agree_on_packed_weights(embedded, prompts):
+    """Decode rows alone (one request) and in a batch (all of them) must be the same bits: the
+    property the plain float32 path lacks on some CPUs (AVX2-only AMD: the one-row kernel rounds
+    differently), which the packed kernel has."""
+    engine = LLMEngine(embedded, max_num_batched_tokens=512, max_num_seqs=8)
+    together = [r.output_ids for r in engine.generate(prompts, SamplingParams(max_tokens=12))]
+    alone = [LLMEngine(embedded).generate([p], SamplingParams(max_tokens=12))[0].output_ids for p in prompts]
+    assert together == alone
+
+
+def test_a_changed_weight_is_never_read_from_a_stale_pack():
+    model = tiny_model(seed=2, dtype=torch.float32).prepack()
+    x = torch.tensor([1, 2, 3])
+    with torch.inference_mode():
+        model.lm_head.weight.mul_(2.0)  # in place: the version counter moves
+        assert not model.prepacked
+        hidden = model(x, torch.arange(3))
+        assert torch.equal(model.compute_logits(hidden), linear(hidden, model.lm_head.weight))  # the plain path
+    model.prepack()
+    assert model.prepacked
+    model.to(torch.float64)  # new storage: the packs are stale, the plain float64 path runs
+    assert not model.prepacked
+    assert model(x, torch.arange(3)).dtype == torch.float64
+
+
+def test_unpack_returns_to_the_plain_path():
+    model = tiny_model(seed=3, dtype=torch.float32).prepack()
+    model.unpack()
+    assert not model.prepacked
+    assert all(getattr(o, a) is None for o, a, _ in model.linear_sites())
+
+
+def test_prepack_refuses_other_dtypes_and_non_flags():
+    with pytest.raises(ValueError, match="float32.*bfloat16"):
+        tiny_model(dtype=torch.bfloat16).prepack()
+    with pytest.raises(TypeError, match="prepack='yes'"):
+        Transformer.from_pretrained(prepack="yes")
+    with pytest.raises(ValueError, match="prepack=True needs dtype float32, got torch.bfloat16"):
+        Transformer.from_pretrained(dtype="bf16", prepack=True)
+
+
+def test_a_prepacked_server_answers_what_generate_gives(embedded, prompts):
+    import httpx
+
+    from nano_engine.launcher import ServerProcess
+
+    tok = load_tokenizer()
+    with ServerProcess("--prepack", "--max-num-seqs", "4") as server:
+        for ids in prompts[:2]:
+            r = httpx.post(f"{server.url}/v1/completions", timeout=120,
+                           json={"model": "SmolLM2-135M-Instruct", "prompt": ids, "max_tokens": 12,
+                                 "temperature": 0, "ignore_eos": True})
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["text"] == tok.decode(generate(embedded, ids, 12))
