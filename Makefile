@@ -1,8 +1,9 @@
 # The two commands of the README. Both set up .venv first (quick when it is already set up).
 PY := .venv/bin/python
-# OpenMP threads that spin while another process holds the cores slow every step many-fold
-# (the tests run two workers on two cores).
-export OMP_WAIT_POLICY := PASSIVE
+# OMP_WAIT_POLICY=PASSIVE for the tests (and make lab): OpenMP threads that spin while another
+# process holds the cores slow every step many-fold, and the tests run two workers on two cores.
+# Not for run, serve or bench, which have the cores to themselves: a sleeping thread wakes late
+# for each of a step's hundreds of small operators, and a decode step takes about twice as long.
 
 .PHONY: setup run test bench bench-peers lab book mutants serve vllm
 
@@ -35,7 +36,7 @@ book: setup
 # --dist loadfile keeps each notebook's cells on one worker (one kernel per notebook).
 test: setup
 	bash scripts/install_chromium.sh
-	$(PY) -m pytest -n 2 --dist loadfile tests notebooks --nbval --nbval-sanitize-with notebooks/sanitize.cfg
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -n 2 --dist loadfile tests notebooks --nbval --nbval-sanitize-with notebooks/sanitize.cfg
 
 # The benchmark against transformers (and llama.cpp where installed): about 20 minutes (5 more once, for the references).
 bench: setup
