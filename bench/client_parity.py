@@ -32,28 +32,34 @@ VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 SHIM = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
         "from vllm.benchmarks.serve import add_cli_args, main; p = FlexibleArgumentParser(); add_cli_args(p); "
         "main(p.parse_args(sys.argv[1:]))")
+MODEL_NAME = "SmolLM2-135M-Instruct"  # the name both servers serve the embedded model under
 KEYS = ["completed", "total_input_tokens", "total_output_tokens", "request_throughput", "output_throughput",
         "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
         "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms"]
 
 
-def common_flags(a) -> list[str]:
-    return ["--dataset-name", "random", "--num-prompts", str(a.num_prompts), "--random-input-len",
-            str(a.input_len), "--random-output-len", str(a.output_len), "--request-rate", str(a.request_rate),
-            "--seed", str(a.seed), "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el",
-            "--metric-percentiles", "50,99", "--disable-tqdm"]
+def client_command(which: str, url: str, folder: pathlib.Path, a, rate: str, out: pathlib.Path) -> list[str]:
+    """One client's command line: `which` is "nano_engine" (our bench-serve) or "vllm" (vllm bench serve).
+
+    Both send a's random dataset (num_prompts, input_len, output_len, seed, --ignore-eos) at the
+    Poisson `rate` to `url` and save their metrics as JSON to `out`.
+    """
+    common = ["--dataset-name", "random", "--num-prompts", str(a.num_prompts), "--random-input-len",
+              str(a.input_len), "--random-output-len", str(a.output_len), "--request-rate", str(rate),
+              "--seed", str(a.seed), "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el",
+              "--metric-percentiles", "50,99", "--disable-tqdm", "--save-result", "--model", MODEL_NAME,
+              "--tokenizer", str(folder)]
+    if which == "nano_engine":
+        return [sys.executable, "-m", "nano_engine", "bench-serve", "--base-url", url, *common,
+                "--result-filename", str(out)]
+    if which == "vllm":
+        return [str(VLLM_PY), "-c", SHIM, "--backend", "openai", "--base-url", url, "--endpoint",
+                "/v1/completions", *common, "--result-dir", str(out.parent), "--result-filename", out.name]
+    raise ValueError(f"client {which!r}: expected 'nano_engine' or 'vllm'")
 
 
 def run_client(which: str, url: str, folder: pathlib.Path, a, out: pathlib.Path) -> dict:
-    if which == "nano_engine":
-        cmd = [sys.executable, "-m", "nano_engine", "bench-serve", "--base-url", url, "--tokenizer", str(folder)]
-    else:
-        cmd = [str(VLLM_PY), "-c", SHIM, "--backend", "openai", "--base-url", url, "--model",
-               "SmolLM2-135M-Instruct", "--tokenizer", str(folder), "--endpoint", "/v1/completions"]
-    cmd += common_flags(a) + ["--save-result", "--result-dir" if which == "vllm" else "--result-filename",
-                              str(out.parent if which == "vllm" else out)]
-    if which == "vllm":
-        cmd += ["--result-filename", out.name]
+    cmd = client_command(which, url, folder, a, a.request_rate, out)
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL if a.quiet else None)
     result = json.loads(out.read_text())
     return result[0] if isinstance(result, list) else result

@@ -44,11 +44,10 @@ from nano_engine.launcher import ServerProcess  # noqa: E402
 from nano_engine.loading import cache_dir, embedded_model_path, load_checkpoint, load_tokenizer  # noqa: E402
 from nano_engine.vllm_bridge import vllm_command  # noqa: E402
 
-VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
-SHIM = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
-        "from vllm.benchmarks.serve import add_cli_args, main; p = FlexibleArgumentParser(); add_cli_args(p); "
-        "main(p.parse_args(sys.argv[1:]))")
-NAME = "SmolLM2-135M-Instruct"
+sys.path.insert(0, str(ROOT / "bench"))
+from client_parity import MODEL_NAME, VLLM_PY, client_command  # noqa: E402
+
+NAME = MODEL_NAME
 METRICS = ["request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
            "p99_tpot_ms", "median_itl_ms", "median_e2el_ms"]
 SERVERS, CLIENTS = ("nano_engine", "vLLM"), ("nano_engine bench-serve", "vllm bench serve")
@@ -107,16 +106,7 @@ class VLLMServer:
 
 
 def client_cmd(client: str, url: str, folder: pathlib.Path, rate: str, a, out: pathlib.Path) -> list[str]:
-    common = ["--dataset-name", "random", "--num-prompts", str(a.num_prompts), "--random-input-len",
-              str(a.input_len), "--random-output-len", str(a.output_len), "--request-rate", rate,
-              "--seed", str(a.seed), "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el",
-              "--metric-percentiles", "50,99", "--disable-tqdm", "--save-result", "--model", NAME,
-              "--tokenizer", str(folder)]
-    if client == CLIENTS[0]:
-        return [sys.executable, "-m", "nano_engine", "bench-serve", "--base-url", url, *common,
-                "--result-filename", str(out)]
-    return [str(VLLM_PY), "-c", SHIM, "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
-            *common, "--result-dir", str(out.parent), "--result-filename", out.name]
+    return client_command("nano_engine" if client == CLIENTS[0] else "vllm", url, folder, a, rate, out)
 
 
 def run_client(client, url, folder, rate, a, out: pathlib.Path) -> dict:
