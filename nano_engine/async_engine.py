@@ -37,6 +37,7 @@ from .engine import LLMEngine
 from .request import SamplingParams
 
 logger = logging.getLogger(__name__)
+THREAD_NAME = "nano_engine-core"
 
 
 @dataclass
@@ -116,13 +117,52 @@ class AsyncLLM:
                  on_output: Callable[[RequestOutput], None] | None = None):
         if not isinstance(engine, LLMEngine):
             raise TypeError(f"engine must be an LLMEngine, got {type(engine).__name__}")
-        self.engine = engine
-        if tokenizer is not None and engine.tokenizer is None:
-            engine.tokenizer = tokenizer  # the engine needs it for stop strings
-        self.tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
-        # Fast tokenizers are not safe to call from two threads at once ("Already borrowed"):
-        # the server encodes on the event loop while the engine thread decodes. One lock, the engine's.
-        self.tokenizer_lock = engine.tokenizer_lock
+        self._init_state(on_output)
+        self._attach(engine, tokenizer)
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def build(cls, make_engine: Callable[[], LLMEngine], tokenizer=None,
+              on_output: Callable[[RequestOutput], None] | None = None) -> "AsyncLLM":
+        """Call `make_engine()` in the engine thread (load the model there), then serve its engine.
+
+        Use this where speed matters (the server does). torch runs its operators on OpenMP, and
+        GNU OpenMP keeps a team of worker threads for every thread that ever ran a parallel
+        region. Once there are more such workers than cores, each one sleeps at the end of every
+        region instead of spinning, and waking them costs time in every one of a step's hundreds
+        of operators. A model loaded on the caller's thread and stepped on the engine thread
+        leaves two teams behind: on 2 cores that made a decode step about twice as long. Built
+        here, the engine thread is the only one that runs torch (as vLLM's EngineCore process
+        loads and steps its model in one thread). Whatever `make_engine` raises is raised here,
+        and no thread is left behind.
+        """
+        self = cls.__new__(cls)
+        self._init_state(on_output)
+        ready, failure = threading.Event(), []
+
+        def load_then_run() -> None:
+            try:
+                engine = make_engine()
+                if not isinstance(engine, LLMEngine):
+                    raise TypeError(f"make_engine must return an LLMEngine, got {type(engine).__name__}")
+                self._attach(engine, tokenizer)
+            except BaseException as e:
+                failure.append(e)
+                return
+            finally:
+                ready.set()
+            self._run()
+
+        self._thread = threading.Thread(target=load_then_run, name=THREAD_NAME, daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            self._thread.join()
+            raise failure[0]
+        return self
+
+    def _init_state(self, on_output) -> None:
         self.on_output = on_output
         self._cond = threading.Condition()
         self._commands: deque = deque()
@@ -131,8 +171,15 @@ class AsyncLLM:
         self._stopping = False
         self.dead: BaseException | None = None  # why the engine thread stopped, if it did
         self.num_wakeups = 0  # turns of the engine loop: flat while idle (no busy spin)
-        self._thread = threading.Thread(target=self._run, name="nano_engine-core", daemon=True)
-        self._thread.start()
+
+    def _attach(self, engine: LLMEngine, tokenizer) -> None:
+        self.engine = engine
+        if tokenizer is not None and engine.tokenizer is None:
+            engine.tokenizer = tokenizer  # the engine needs it for stop strings
+        self.tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
+        # Fast tokenizers are not safe to call from two threads at once ("Already borrowed"):
+        # the server encodes on the event loop while the engine thread decodes. One lock, the engine's.
+        self.tokenizer_lock = engine.tokenizer_lock
 
     # ----- the callers' side (event loop) -----
     async def add_request(self, prompt_ids: Sequence[int], sampling_params: SamplingParams | None = None,

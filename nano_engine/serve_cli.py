@@ -115,9 +115,12 @@ def run(ap: argparse.ArgumentParser, args) -> int:
     if args.prepack and DTYPES[args.dtype] != torch.float32:
         ap.error(f"--prepack needs --dtype float32, got --dtype {args.dtype}")
     path = check_model(args.model)
-    model = Transformer.from_pretrained(path, dtype=args.dtype, prepack=args.prepack)
-    engine = LLMEngine(model, load_tokenizer(path), config)
-    llm = AsyncLLM(engine)
+
+    def make_engine() -> LLMEngine:  # run in the engine thread: it alone runs torch (AsyncLLM.build)
+        model = Transformer.from_pretrained(path, dtype=args.dtype, prepack=args.prepack)
+        return LLMEngine(model, load_tokenizer(path), config)
+
+    llm = AsyncLLM.build(make_engine)
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again: end with status 0 then.
     signal.signal(signal.SIGTERM, _exit_cleanly)
     try:

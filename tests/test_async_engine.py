@@ -163,3 +163,37 @@ def test_shutdown_aborts_what_is_left_and_refuses_new_requests(make):
     assert got[-1].finished and got[-1].finish_reason == "abort"
     llm._thread.join(10)
     assert not llm._thread.is_alive() and not llm.engine.requests
+
+
+def test_build_makes_the_engine_in_the_engine_thread_and_serves_it(tiny):
+    # Where speed matters the model is loaded and stepped in one thread (AsyncLLM.build's docstring:
+    # GNU OpenMP keeps a worker team per thread that ran torch, and two teams on 2 cores halve a step).
+    where = []
+
+    def make_engine():
+        where.append(threading.current_thread())
+        return LLMEngine(tiny, max_num_batched_tokens=32, num_blocks=64, block_size=4)
+
+    llm = AsyncLLM.build(make_engine)
+    try:
+        assert where == [llm._thread] and llm._thread is not threading.current_thread()
+        assert llm._thread.name == "nano_engine-core"
+        sp = SamplingParams(max_tokens=6, ignore_eos=True)
+        want = LLMEngine(tiny).generate([PROMPTS[3]], sp)[0].output_ids
+        outs = run(collect(llm, PROMPTS[3], sp))
+        assert [t for o in outs for t in o.new_token_ids] == want and outs[-1].finished
+    finally:
+        llm.shutdown()
+    assert not llm._thread.is_alive()
+
+
+@pytest.mark.parametrize("make_engine, error", [
+    (lambda: (_ for _ in ()).throw(FileNotFoundError("no model at /nowhere")), FileNotFoundError),
+    (lambda: "not an engine", TypeError),
+])
+def test_build_raises_what_make_engine_raised_and_leaves_no_thread(make_engine, error):
+    before = {t for t in threading.enumerate() if t.name == "nano_engine-core"}
+    with pytest.raises(error) as e:
+        AsyncLLM.build(make_engine)
+    assert "/nowhere" in str(e.value) or "got str" in str(e.value)
+    assert {t for t in threading.enumerate() if t.name == "nano_engine-core"} == before

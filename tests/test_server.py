@@ -376,3 +376,28 @@ def test_serve_cli_refuses_bad_flags_in_one_line(flags, says):
     r = subprocess.run([sys.executable, "-m", "nano_engine", "serve", *flags], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2 and says in r.stderr.strip().splitlines()[-1]
+
+
+def test_serve_cli_loads_and_steps_the_model_in_the_engine_thread(tiny, monkeypatch):
+    # serve builds its engine with AsyncLLM.build: the model is loaded in the thread that steps it,
+    # and the event loop's thread (here: this one) runs no torch at all.
+    import nano_engine.serve_cli as serve_cli
+    from nano_engine.mini_llm import Transformer
+
+    loaded_in, served = [], []
+
+    def from_pretrained(path, **kwargs):
+        loaded_in.append((threading.current_thread(), kwargs))
+        return tiny
+
+    def fake_run(self, *args, **kwargs):  # instead of serving: what the app was given
+        served.append(threading.current_thread())
+
+    monkeypatch.setattr(Transformer, "from_pretrained", staticmethod(from_pretrained))
+    monkeypatch.setattr(uvicorn.Server, "run", fake_run)
+    monkeypatch.setattr(serve_cli.signal, "signal", lambda *a: None)  # keep pytest's SIGTERM handler
+    assert serve_cli.main(["--port", "0", "--max-num-seqs", "2", "--prepack"]) == 0
+    (thread, kwargs), = loaded_in
+    assert thread.name == "nano_engine-core" and thread is not threading.current_thread()
+    assert kwargs["prepack"] is True and served == [threading.current_thread()]
+    assert not thread.is_alive()  # run() shut the engine down on the way out
