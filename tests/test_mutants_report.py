@@ -1,0 +1,72 @@
+"""scripts/mutants_report.py (make mutants): the score, and survivors explained as equivalent.
+
+mutmut itself is replaced by a fake `results` / `show` answer: the report's arithmetic and its
+check of the equivalents file are what is tested here."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import subprocess
+from collections import Counter
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def report(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("mutants_report", ROOT / "scripts" / "mutants_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    results = "\n".join([
+        "    nano_engine.m.x_f__mutmut_1: killed", "    nano_engine.m.x_f__mutmut_2: killed",
+        "    nano_engine.m.x_f__mutmut_3: survived", "    nano_engine.m.x_f__mutmut_4: survived",
+        "    nano_engine.m.x_f__mutmut_5: timeout", "    nano_engine.m.x_f__mutmut_6: not checked"])
+    diffs = {"nano_engine.m.x_f__mutmut_3": "--- a\n+++ b\n-    y = x or 1\n+    y = x or 2\n",
+             "nano_engine.m.x_f__mutmut_4": "--- a\n+++ b\n-    return a < b\n+    return a <= b\n"}
+
+    def fake_run(cmd, **kwargs):
+        out = results if cmd[1] == "results" else diffs[cmd[2]]
+        return subprocess.CompletedProcess(cmd, 0, stdout=out, stderr="")
+
+    monkeypatch.setattr(mod.subprocess, "run", fake_run)
+    mod.EQUIVALENT_FILE = tmp_path / "equivalent.txt"
+    return mod
+
+
+def test_score_counts_timeouts_as_killed_and_lists_survivors(report, capsys):
+    assert report.main([]) == 0
+    out = capsys.readouterr().out
+    # 3 killed (2 + a timeout) of 5 checked: 60%; the unchecked one is counted but not scored
+    assert "nano_engine.m" in out and " 60%" in out
+    assert "x_f__mutmut_3 (survived)" in out and "x_f__mutmut_4 (survived)" in out
+    assert "mutmut_6" not in out.split("survivors in")[1]
+
+
+def test_an_explained_equivalent_is_listed_apart_and_left_out_of_the_second_score(report, capsys):
+    report.EQUIVALENT_FILE.write_text(
+        "# comment\nnano_engine.m.x_f__mutmut_3 | y = x or 2 | x is never 0 here\n")
+    report.main([])
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("nano_engine.m "))
+    assert line.split()[1:] == ["6", "3", "2", "0", "1", "60%", "80%"]
+    assert "x_f__mutmut_3: x is never 0 here" in out
+    assert "x_f__mutmut_3 (" not in out and "x_f__mutmut_4 (survived)" in out
+
+
+def test_an_entry_whose_mutant_changed_is_reported_stale_not_trusted(report, capsys):
+    report.EQUIVALENT_FILE.write_text("nano_engine.m.x_f__mutmut_4 | return a < b + 1 | an older mutant\n")
+    report.main([])
+    out = capsys.readouterr().out
+    assert "x_f__mutmut_4 (survived; scripts/mutants_equivalent.txt has a stale entry" in out
+    assert "an older mutant" not in out
+
+
+def test_row_arithmetic():
+    spec = importlib.util.spec_from_file_location("r", ROOT / "scripts" / "mutants_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    row = mod.row("m", Counter(killed=8, timeout=1, survived=1, equivalent=1, **{"no tests": 0}))
+    assert row.split() == ["m", "10", "9", "1", "0", "1", "90%", "100%"]
