@@ -49,6 +49,26 @@ def test_hash_block_is_the_recipe_chapter_5_builds_by_hand():
     assert hash_block(first, [5, 6], b"salt:x") == by_hand(first, [5, 6], b"salt:x")
     assert hash_block(None, [1, 23, 4]) != hash_block(None, [12, 3, 4])  # the separator keeps tokens apart
     assert block_hashes([1, 23, 4, 5, 6, 7], 3) == [first, by_hand(first, [5, 6, 7])]
+    # A cache salt is the first block's extra key "salt:<salt>" (chapter 5.1's my_block_hashes);
+    # later blocks carry it through the chain alone.
+    salted = by_hand(None, [1, 23, 4], b"salt:tenant-a")
+    assert block_hashes([1, 23, 4, 5, 6, 7], 3, cache_salt="tenant-a") == [salted, by_hand(salted, [5, 6, 7])]
+
+
+def test_cache_blocks_names_exactly_the_blocks_from_start_that_are_not_named_yet():
+    # "Register full blocks block_ids[start:len(hashes)]": blocks before `start` are left as they
+    # are, a block that already has a name keeps it, and the blocks after it are still named.
+    pool = BlockPool(6)
+    ids = pool.allocate(4)
+    h = block_hashes(list(range(8)), 2)
+    pool.cache_blocks(ids, h, start=2)
+    assert [pool.block_hash[b] for b in ids] == [None, None, h[2], h[3]]
+    other = block_hashes([7, 7, 7, 7], 2)
+    pool.cache_blocks(ids[:1], other[:1])  # block 0 named by another prompt first
+    pool.cache_blocks(ids, h[:2])
+    assert pool.block_hash[ids[0]] == other[0] and pool.block_hash[ids[1]] == h[1]
+    assert pool.lookup(h) == [] and pool.lookup(other[:1]) == ids[:1]
+    pool.check()
 
 
 def test_the_kv_cache_and_the_slot_mapping_keep_their_shapes_and_types():
