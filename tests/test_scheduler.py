@@ -105,6 +105,17 @@ def test_preempts_the_tail_to_the_front_of_a_waiting_queue_and_admits_nobody_in_
     assert plan(out) == [("a", 1, "decode"), ("c", 7, "recompute")]
 
 
+def test_chunk_kind_is_judged_by_where_the_chunk_starts():
+    r = Request("r", list(range(6)), SamplingParams(max_tokens=8))
+    r.output_ids = [1, 2]  # 8 tokens: 6 of prompt, 2 of output
+    starts = (0, 3, 5, 6, 7)
+    assert [r.chunk_kind(i) for i in starts] == ["prefill"] * 3 + ["decode"] * 2
+    r.num_preemptions, r.recompute_until = 1, 7  # preempted with 7 tokens of KV, all lost
+    assert [r.chunk_kind(i) for i in starts] == ["recompute"] * 4 + ["decode"]  # 7: new work again
+    r.recompute_until = 4  # only 4 had KV: the rest of the prompt is a prefill, as it was
+    assert [r.chunk_kind(i) for i in starts] == ["recompute", "recompute", "prefill", "decode", "decode"]
+
+
 def test_priority_preemption_admits_nobody_not_even_a_more_urgent_newcomer():
     s = make("priority", num_blocks=5, block_size=4, max_num_batched_tokens=8, max_num_seqs=3)
     add(s, "a", 4, max_tokens=10, priority=1), add(s, "c", 8, max_tokens=10, priority=2)
