@@ -139,3 +139,13 @@ def test_a_cache_salt_renames_every_block_of_the_prompt():
     assert block_hashes(tokens, 2, cache_salt="alice") == salted
     assert not set(salted) & set(block_hashes(tokens, 2, cache_salt="bob"))
     assert block_hashes(tokens, 2, 2, cache_salt="alice") == salted[:2]
+
+
+def test_a_pool_of_one_block_works_and_of_none_is_refused_by_name():
+    pool = BlockPool(1)
+    assert pool.allocate(1) == [0] and pool.num_free == 0
+    pool.free([0])
+    assert pool.num_free == 1
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match=f"num_blocks={bad} must be at least 1"):
+            BlockPool(bad)

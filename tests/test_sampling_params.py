@@ -186,6 +186,45 @@ def test_bad_values_are_refused_by_name(kw, name):
         SamplingParams(**kw)
 
 
+@pytest.mark.parametrize("kw, starts", [
+    ({"min_p": 1.5}, "min_p=1.5 "), ({"repetition_penalty": 0.0}, "repetition_penalty=0.0 "),
+    ({"min_tokens": -1}, "min_tokens=-1 "), ({"logprobs": -1}, "logprobs=-1 "), ({"top_p": 0}, "top_p=0 "),
+    ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output='yes' must be True or False"),
+    ({"ignore_eos": "yes"}, "ignore_eos='yes' must be True or False"),
+    ({"logit_bias": {-1: 1}}, "logit_bias key=-1 "), ({"logit_bias": {1: -101}}, "logit_bias[1]=-101 "),
+    ({"logit_bias": [1, 2]}, "logit_bias=[1, 2] must be a dict of token id -> bias, got list"),
+    ({"stop_token_ids": [0, -1]}, "stop_token_ids[1]=-1 must be >= 0"),
+])
+def test_a_refusal_begins_with_the_name_and_the_value_the_caller_gave(kw, starts):
+    # "name=value" exactly as passed: a message naming another parameter (or none) would send a
+    # client to the wrong field; the type in a TypeError is the caller's, not a placeholder.
+    with pytest.raises((ValueError, TypeError)) as e:
+        SamplingParams(**kw)
+    assert str(e.value).startswith(starts), str(e.value)
+
+
+def test_normalized_values_are_written_back_as_plain_python_values():
+    # NumPy scalars (as a JSON layer or a notebook may pass) become Python ones on the frozen
+    # dataclass itself: each check's result must land in its own field.
+    import numpy as np
+
+    sp = SamplingParams(max_tokens=np.int64(5), temperature=np.float32(0.5), top_p=np.float64(0.75),
+                        top_k=np.int64(3), seed=np.int64(7), ignore_eos=np.bool_(True), min_p=np.float32(0.25),
+                        repetition_penalty=np.float64(1.5), presence_penalty=np.float32(0.5),
+                        frequency_penalty=np.float32(-0.5), min_tokens=np.int64(2), logprobs=np.int64(2),
+                        stop=["ab", "c"], include_stop_str_in_output=np.bool_(True), stop_token_ids=np.array([3, 0]),
+                        logit_bias={np.int64(4): np.float32(1.5)})
+    want = {"max_tokens": 5, "temperature": 0.5, "top_p": 0.75, "top_k": 3, "seed": 7, "ignore_eos": True,
+            "min_p": 0.25, "repetition_penalty": 1.5, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+            "min_tokens": 2, "logprobs": 2, "stop": ("ab", "c"), "include_stop_str_in_output": True,
+            "stop_token_ids": (3, 0), "logit_bias": {4: 1.5}}
+    for name, value in want.items():
+        got = getattr(sp, name)
+        assert got == value and type(got) is type(value), (name, got)
+    assert not any(name.startswith("XX") or name.isupper() for name in vars(sp))  # no stray attributes
+    assert SamplingParams(stop_token_ids=(0,)).stop_token_ids == (0,)  # token id 0 is a token id
+
+
 def test_the_engine_checks_ids_against_the_vocabulary(tiny):
     engine = LLMEngine(tiny)
     with pytest.raises(ValueError, match=r"logit_bias key 64 is outside the vocabulary \[0, 64\)"):
