@@ -27,12 +27,12 @@ sys.path.insert(0, str(ROOT))
 
 from nano_engine.launcher import ServerProcess  # noqa: E402
 from nano_engine.loading import cache_dir, embedded_model_path, load_checkpoint, load_tokenizer  # noqa: E402
+from nano_engine.serve_cli import EMBEDDED_NAME  # noqa: E402  the name both servers serve the embedded model under
 
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 SHIM = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
         "from vllm.benchmarks.serve import add_cli_args, main; p = FlexibleArgumentParser(); add_cli_args(p); "
         "main(p.parse_args(sys.argv[1:]))")
-MODEL_NAME = "SmolLM2-135M-Instruct"  # the name both servers serve the embedded model under
 KEYS = ["completed", "total_input_tokens", "total_output_tokens", "request_throughput", "output_throughput",
         "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
         "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms"]
@@ -47,7 +47,7 @@ def client_command(which: str, url: str, folder: pathlib.Path, a, rate: str, out
     common = ["--dataset-name", "random", "--num-prompts", str(a.num_prompts), "--random-input-len",
               str(a.input_len), "--random-output-len", str(a.output_len), "--request-rate", str(rate),
               "--seed", str(a.seed), "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el",
-              "--metric-percentiles", "50,99", "--disable-tqdm", "--save-result", "--model", MODEL_NAME,
+              "--metric-percentiles", "50,99", "--disable-tqdm", "--save-result", "--model", EMBEDDED_NAME,
               "--tokenizer", str(folder)]
     if which == "nano_engine":
         return [sys.executable, "-m", "nano_engine", "bench-serve", "--base-url", url, *common,

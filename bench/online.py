@@ -42,12 +42,11 @@ sys.path.insert(0, str(ROOT))
 from nano_engine.engine import EngineConfig  # noqa: E402
 from nano_engine.launcher import ServerProcess  # noqa: E402
 from nano_engine.loading import cache_dir, embedded_model_path, load_checkpoint, load_tokenizer  # noqa: E402
+from nano_engine.serve_cli import EMBEDDED_NAME  # noqa: E402
 from nano_engine.vllm_bridge import vllm_command  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
-from client_parity import MODEL_NAME, VLLM_PY, client_command  # noqa: E402
-
-NAME = MODEL_NAME
+from client_parity import VLLM_PY, client_command  # noqa: E402
 METRICS = ["request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
            "p99_tpot_ms", "median_itl_ms", "median_e2el_ms"]
 SERVERS, CLIENTS = ("nano_engine", "vLLM"), ("nano_engine bench-serve", "vllm bench serve")
@@ -67,7 +66,7 @@ class VLLMServer:
     def __init__(self, config: EngineConfig, folder: pathlib.Path, dtype: str, threads: int, log: pathlib.Path):
         self.port = free_port()
         cmd = vllm_command(config, str(folder), dtype=dtype, max_model_len=4096, port=self.port,
-                           served_model_name=NAME)
+                           served_model_name=EMBEDDED_NAME)
         del cmd[cmd.index("--block-size"):cmd.index("--block-size") + 2]  # vLLM on CPU: its own, 128
         del cmd[cmd.index("--num-gpu-blocks-override"):cmd.index("--num-gpu-blocks-override") + 2]
         self.cmd = [str(VLLM_PY)] + cmd[1:]
@@ -222,7 +221,7 @@ def main() -> int:
                           num_blocks=2048)
     flags = ["--dtype", a.dtype, "--max-num-batched-tokens", str(a.max_num_batched_tokens), "--max-num-seqs",
              str(a.max_num_seqs), "--num-gpu-blocks-override", "2048", "--threads", str(a.threads),
-             "--served-model-name", NAME] + (["--prepack"] if a.prepack else [])
+             "--served-model-name", EMBEDDED_NAME] + (["--prepack"] if a.prepack else [])
     started = datetime.datetime.now(datetime.timezone.utc)
     runs: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
