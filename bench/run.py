@@ -103,10 +103,10 @@ def model_flops(roof: roofline.Roofline, model, w: Workload, steps, outputs) -> 
 
 
 def make_systems(names, dtypes, models, threads, workload: Workload, skipped: set[str],
-                 vllm: dict | None = None):
+                 vllm: dict | None = None, attention_backend: str = "torch"):
     """The systems of one workload: nano_engine in each dtype, then the peers named. `vllm` keeps
     the vLLM workers (one per dtype) from one workload to the next: each takes minutes to start."""
-    out = [S.NanoEngine(dt, models[dt]) for dt in dtypes]
+    out = [S.NanoEngine(dt, models[dt], attention_backend) for dt in dtypes]
     vllm = {} if vllm is None else vllm
     for name in names:
         if name.startswith("hf"):
@@ -187,7 +187,7 @@ class Bench:
         args, models = self.args, self.models
         print(f"\n## {w.name}: {len(w.requests)} requests, {w.prompt_tokens} prompt tokens, "
               f"{w.max_new_tokens} new tokens at most")
-        syss = make_systems(peers, dtypes, models, threads, w, skipped, self.vllm)
+        syss = make_systems(peers, dtypes, models, threads, w, skipped, self.vllm, self.args.attention_backend)
         for s in syss:
             self.setup(s)
         refs = {dt: reference(models[dt], w, args.fresh_reference) for dt in dtypes}
@@ -259,7 +259,7 @@ class Bench:
         w = Workload("one request", "", (S.Req(req.prompt_ids, 64, True),))
         out = {}
         for dt in dtypes:
-            nano = S.NanoEngine(dt, self.models[dt])
+            nano = S.NanoEngine(dt, self.models[dt], self.args.attention_backend)
             nano.run(w)
             floor = roofline.FloorReplay(self.models[dt], replay_steps(nano.last_engine), "floor")
             floor.steps = [st for st in floor.steps if st[0] == 1]
@@ -346,6 +346,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prepack", action="store_true",
                     help="nano_engine float32 on weights packed for oneDNN at load time (Transformer.prepack), "
                          "as vLLM does on CPU; its reference is generate on the same packed weights")
+    ap.add_argument("--attention-backend", choices=["torch", "c"], default="torch",
+                    help="nano_engine's attention: the chapters' PyTorch code, or c, the kernel that reads "
+                         "the paged blocks in place (nano_engine/kernels.py)")
     ap.add_argument("--json", type=Path, help="write all figures to this file")
     args = ap.parse_args(argv)
     if args.threads:
@@ -358,9 +361,10 @@ def main(argv=None) -> int:
     print(f"# nano_engine benchmark\n{cpu_name()}, {os.cpu_count()} cores, {threads} threads, torch "
           f"{torch.__version__}, float32 matmuls via {'oneDNN' if ONEDNN_FP32 else 'MKL/BLAS'}"
           f"{' on packed weights (--prepack)' if args.prepack else ''}, "
+          f"attention {args.attention_backend}{' (the C++ kernel)' if args.attention_backend == 'c' else ''}, "
           f"load average {os.getloadavg()[0]:.1f} at start")
     res = dict(cpu=cpu_name(), threads=threads, torch=torch.__version__, load_start=os.getloadavg()[0],
-               prepack=args.prepack, workloads={}, roofline={})
+               prepack=args.prepack, attention_backend=args.attention_backend, workloads={}, roofline={})
     models = {dt: Transformer.from_pretrained(dtype=getattr(torch, dt), prepack=args.prepack and dt == "float32")
               for dt in dtypes}
     bench = Bench(args, models)

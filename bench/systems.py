@@ -76,8 +76,8 @@ class System:
 
 # ----- nano_engine -----
 class NanoEngine(System):
-    def __init__(self, dtype: str = "float32", model: Transformer | None = None):
-        self.dtype, self.model = dtype, model
+    def __init__(self, dtype: str = "float32", model: Transformer | None = None, attention_backend: str = "torch"):
+        self.dtype, self.model, self.attention_backend = dtype, model, attention_backend
         self.name = f"nano_engine {dtype}"
         self.last_engine: LLMEngine | None = None
 
@@ -88,7 +88,8 @@ class NanoEngine(System):
     def engine(self, workload: Workload, **overrides) -> LLMEngine:
         # Enough KV blocks for every request at its longest: the benchmark measures speed, not preemption.
         blocks = sum(math.ceil((len(r.prompt_ids) + r.max_tokens) / 16) for r in workload.requests)
-        cfg = dict(max_num_batched_tokens=BUDGET, max_num_seqs=MAX_SEQS, num_blocks=blocks + 16)
+        cfg = dict(max_num_batched_tokens=BUDGET, max_num_seqs=MAX_SEQS, num_blocks=blocks + 16,
+                   attention_backend=self.attention_backend)
         return LLMEngine(self.model, **{**cfg, **overrides})
 
     def run(self, workload):

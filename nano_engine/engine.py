@@ -25,7 +25,7 @@ from .detokenizer import IncrementalDetokenizer
 from .paged import BlockPool
 from .policies import scheduler_class
 from .request import Request, RequestStatus, SamplingParams
-from .runner import ModelRunner, SeqChunk, build_batch
+from .runner import ATTENTION_BACKENDS, ModelRunner, SeqChunk, build_batch
 from .sampling import sample
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .steplog import EngineStats, StepRecord
@@ -37,6 +37,7 @@ class EngineConfig(SchedulerConfig):
     block_size: int = 16
     enable_prefix_caching: bool = True
     step_log_size: int = 10_000  # records kept in LLMEngine.step_log, the most recent ones; 0 = none
+    attention_backend: str = "torch"  # "c": decodes read the paged blocks in place (kernels.py)
 
     def __post_init__(self):
         super().__post_init__()
@@ -44,6 +45,7 @@ class EngineConfig(SchedulerConfig):
         self.block_size = checks.integer("block_size", self.block_size, minimum=1)
         self.enable_prefix_caching = checks.flag("enable_prefix_caching", self.enable_prefix_caching)
         self.step_log_size = checks.integer("step_log_size", self.step_log_size, minimum=0)
+        self.attention_backend = checks.choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
 
     def to_vllm(self, dtype: str | None = None, max_model_len: int | None = None) -> dict:
         """vLLM's EngineArgs names and values for these settings (vllm_bridge.py)."""
@@ -81,7 +83,8 @@ class LLMEngine:
         # engine decodes stop-string requests' text while a server may be encoding prompts.
         self.tokenizer_lock = threading.Lock()
         # The KV cache first: it refuses a pool larger than memory before anything is allocated.
-        self.runner = ModelRunner(model, self.config.num_blocks, self.config.block_size)
+        self.runner = ModelRunner(model, self.config.num_blocks, self.config.block_size,
+                                  self.config.attention_backend)
         self.block_pool = BlockPool(self.config.num_blocks, self.config.enable_prefix_caching)
         scheduler_cls = scheduler_cls or scheduler_class(self.config.policy)
         self.scheduler = scheduler_cls(self.config.scheduler_config(), self.block_pool, self.config.block_size)

@@ -20,9 +20,13 @@ from typing import NamedTuple, Sequence
 
 import torch
 
+from . import checks, kernels
 from .attention import AttentionPlan, GatherBuffers, paged_attention, plan_attention
 from .mini_llm import Transformer
 from .paged import PagedKVCache, slots_of  # noqa: F401 (slots_of: part of this module's API)
+
+
+ATTENTION_BACKENDS = ("torch", "c")
 
 
 class SeqChunk(NamedTuple):
@@ -91,10 +95,17 @@ def build_batch(chunks: Sequence[SeqChunk], block_size: int) -> Batch:
 class ModelRunner:
     """Holds the model and its paged KV cache; runs one batch per step."""
 
-    def __init__(self, model: Transformer, num_blocks: int, block_size: int):
+    def __init__(self, model: Transformer, num_blocks: int, block_size: int, attention_backend: str = "torch"):
+        """attention_backend: "torch" (attention.py's tensor ops, as the chapters build them) or
+        "c" (decodes read the blocks in place, kernels.py; built here, so a missing compiler
+        fails now)."""
         cfg = model.config
         self.model = model
         self.block_size = block_size
+        self.attention_backend = checks.choice("attention_backend", attention_backend, ATTENTION_BACKENDS)
+        if self.attention_backend == "c":
+            kernels.check_dtype(model.dtype)
+            kernels.library()
         self.kv_cache = PagedKVCache(cfg.num_hidden_layers, num_blocks, block_size,
                                      cfg.num_key_value_heads, cfg.head_dim, model.dtype)
         self.buffers = GatherBuffers()
@@ -102,7 +113,8 @@ class ModelRunner:
     def plan(self, batch: Batch) -> AttentionPlan:
         """Everything the attention of this step needs, computed once for all layers."""
         return plan_attention(batch.query_start, batch.num_cached, batch.block_tables, batch.slot_mapping,
-                              self.block_size, self.model.config.num_key_value_heads, self.buffers)
+                              self.block_size, self.model.config.num_key_value_heads, self.buffers,
+                              backend=self.attention_backend)
 
     def paged_attend(self, batch: Batch):
         """The attention function the model calls at each layer, for this batch."""

@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prepack", action="store_true",
                     help="float32 only: reorder the matmul weights for oneDNN once at load time, as vLLM "
                          "does on CPU (faster; a second copy of the weights; Transformer.prepack)")
+    ap.add_argument("--attention-backend", choices=["torch", "c"], default=d.attention_backend,
+                    help="torch: the chapters' PyTorch attention (default); c: decodes read the paged KV "
+                         "blocks in place, a C++ kernel built on first use (float32 and bfloat16; the same "
+                         "tokens; nano_engine/kernels.py)")
     ap.add_argument("--max-num-batched-tokens", type=_positive_int, default=d.max_num_batched_tokens,
                     help=f"the token budget of one step (default {d.max_num_batched_tokens})")
     ap.add_argument("--max-num-seqs", type=_positive_int, default=d.max_num_seqs,
@@ -84,7 +88,8 @@ def engine_config(args) -> "EngineConfig":
                         enable_chunked_prefill=args.enable_chunked_prefill,
                         enable_prefix_caching=args.enable_prefix_caching, block_size=args.block_size,
                         num_blocks=args.num_blocks, policy=args.scheduling_policy,
-                        scheduler_reserve_full_isl=args.scheduler_reserve_full_isl)
+                        scheduler_reserve_full_isl=args.scheduler_reserve_full_isl,
+                        attention_backend=args.attention_backend)
 
 
 def served_name(args) -> str:
@@ -114,6 +119,12 @@ def run(ap: argparse.ArgumentParser, args) -> int:
         ap.error(str(e))
     if args.prepack and DTYPES[args.dtype] != torch.float32:
         ap.error(f"--prepack needs --dtype float32, got --dtype {args.dtype}")
+    if args.attention_backend == "c":
+        from . import kernels
+
+        if DTYPES[args.dtype] not in kernels.DTYPES:
+            ap.error(f"--attention-backend c runs float32 and bfloat16, got --dtype {args.dtype}")
+        kernels.build()  # before the model loads: a missing compiler fails in a second, by name
     path = check_model(args.model)
 
     def make_engine() -> LLMEngine:  # run in the engine thread: it alone runs torch (AsyncLLM.build)

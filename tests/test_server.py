@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import httpx
 import openai
 import pytest
+import torch
 import uvicorn
 
 from nano_engine import LLMEngine, generate
@@ -371,7 +372,10 @@ def test_a_server_started_from_a_short_lived_thread_outlives_it():
 @pytest.mark.parametrize("flags, says", [(["--port", "70000"], "--port"), (["--max-num-seqs", "0"], "--max-num-seqs"),
                                          (["--scheduling-policy", "lifo"], "--scheduling-policy"),
                                          (["--dtype", "int8"], "--dtype"),
-                                         (["--dtype", "bf16", "--prepack"], "--prepack needs --dtype float32")])
+                                         (["--dtype", "bf16", "--prepack"], "--prepack needs --dtype float32"),
+                                         (["--attention-backend", "cuda"], "--attention-backend"),
+                                         (["--dtype", "float16", "--attention-backend", "c"],
+                                          "--attention-backend c runs float32 and bfloat16, got --dtype float16")])
 def test_serve_cli_refuses_bad_flags_in_one_line(flags, says):
     r = subprocess.run([sys.executable, "-m", "nano_engine", "serve", *flags], capture_output=True, text=True,
                        timeout=60)
@@ -401,3 +405,25 @@ def test_serve_cli_loads_and_steps_the_model_in_the_engine_thread(tiny, monkeypa
     assert thread.name == "nano_engine-core" and thread is not threading.current_thread()
     assert kwargs["prepack"] is True and served == [threading.current_thread()]
     assert not thread.is_alive()  # run() shut the engine down on the way out
+
+
+def test_serve_cli_passes_the_attention_backend_to_the_engine(monkeypatch):
+    import nano_engine.serve_cli as serve_cli
+    from nano_engine.engine import LLMEngine
+    from nano_engine.mini_llm import Transformer
+    from nano_engine.tiny import tiny_model
+
+    backends = []
+    real_init = LLMEngine.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        backends.append(self.runner.attention_backend)
+
+    monkeypatch.setattr(Transformer, "from_pretrained", staticmethod(lambda path, **kw: tiny_model(dtype=torch.float32)))
+    monkeypatch.setattr(LLMEngine, "__init__", init)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, *a, **kw: None)
+    monkeypatch.setattr(serve_cli.signal, "signal", lambda *a: None)
+    for flags, want in (([], "torch"), (["--attention-backend", "c"], "c")):
+        assert serve_cli.main(["--port", "0", *flags]) == 0
+        assert backends.pop() == want

@@ -1,0 +1,164 @@
+"""The compiled decode attention (attention_backend="c", kernels.py): the same results as the
+chapters' PyTorch attention, bit for bit in bfloat16, and the same tokens as `generate`."""
+
+import pytest
+import torch
+
+from nano_engine import kernels
+from nano_engine.attention import GatherBuffers, decode_attention, paged_attention, plan_attention
+from nano_engine.engine import EngineConfig, LLMEngine
+from nano_engine.experiments import CHAT_PROMPTS, identity_check
+from nano_engine.loading import chat_prompt_ids, load_tokenizer
+from nano_engine.mini_llm import Transformer, attention, generate
+from nano_engine.runner import build_batch, SeqChunk
+from nano_engine.sampling import SamplingParams
+from nano_engine.tiny import tiny_model
+
+from test_attention import random_step
+
+
+def decodes(gen, lens, nh, nkv, hd, bs, dtype, num_blocks=None):
+    """A cache and one decode step: each sequence's context in scattered blocks, one query each."""
+    num_blocks = num_blocks or sum(-(-n // bs) for n in lens) + 3
+    kc = torch.randn(num_blocks * bs, nkv, hd, generator=gen).to(dtype)
+    vc = torch.randn(num_blocks * bs, nkv, hd, generator=gen).to(dtype)
+    free = torch.randperm(num_blocks, generator=gen).tolist()
+    tables = [[free.pop() for _ in range(-(-n // bs))] for n in lens]
+    q = torch.randn(len(lens), nh, hd, generator=gen).to(dtype)
+    return q, kc, vc, tables
+
+
+def reference(q, kc, vc, tables, lens, bs):
+    """Each sequence alone through mini_llm.attention over its own gathered context."""
+    out = []
+    for d, n in enumerate(lens):
+        slots = torch.tensor([tables[d][p // bs] * bs + p % bs for p in range(n)])
+        out.append(attention(q[d:d + 1], kc[slots], vc[slots], n - 1))
+    return torch.cat(out)
+
+
+def kernel(q, kc, vc, tables, lens, bs):
+    width = max(len(t) for t in tables)
+    bt = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    return kernels.paged_decode(q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32), bs)
+
+
+CASES = [  # (context lengths, nh, nkv, hd, block size)
+    ([1, 17, 40, 5, 33, 64, 2], 9, 3, 64, 16),  # the embedded model's heads; ragged, one of length 1
+    ([300], 9, 3, 64, 16),  # one sequence: its KV heads split across threads
+    ([7, 1, 12], 4, 2, 8, 1),  # block size 1: every slot its own block
+    ([23, 9, 31, 4], 4, 4, 12, 5),  # no grouped queries (nh == nkv); head_dim not a multiple of 8
+    ([130, 129, 3], 16, 8, 128, 128),  # vLLM's CPU block size, Qwen3-0.6B's heads
+]
+
+
+@pytest.mark.parametrize("lens, nh, nkv, hd, bs", CASES)
+def test_bfloat16_gives_the_bits_each_sequence_gets_alone(lens, nh, nkv, hd, bs):
+    gen = torch.Generator().manual_seed(len(lens) * bs)
+    q, kc, vc, tables = decodes(gen, lens, nh, nkv, hd, bs, torch.bfloat16)
+    assert torch.equal(kernel(q, kc, vc, tables, lens, bs), reference(q, kc, vc, tables, lens, bs))
+
+
+@pytest.mark.parametrize("lens, nh, nkv, hd, bs", CASES)
+def test_float32_agrees_with_each_sequence_alone_to_rounding(lens, nh, nkv, hd, bs):
+    gen = torch.Generator().manual_seed(len(lens) + bs)
+    q, kc, vc, tables = decodes(gen, lens, nh, nkv, hd, bs, torch.float32)
+    got, want = kernel(q, kc, vc, tables, lens, bs), reference(q, kc, vc, tables, lens, bs)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_mixed_step_through_paged_attention_matches_the_torch_backend(dtype):
+    """Decodes among prefill chunks (their rows not neighbours in the batch), through the plan."""
+    gen = torch.Generator().manual_seed(7)
+    specs = [(5, 1), (0, 7), (6, 1), (3, 4), (30, 1), (0, 1), (28, 1)]
+    batch, kc, vc, q, k, v, _ = random_step(gen, specs, dtype=dtype)
+    args = (batch.query_start, batch.num_cached, batch.block_tables, batch.slot_mapping, 4, kc.shape[1])
+    plan_c = plan_attention(*args, GatherBuffers(), backend="c")
+    assert not isinstance(plan_c.kernel.rows, slice) and not plan_c.decodes
+    assert plan_c.kernel.context_lens.tolist() == [6, 7, 31, 1, 29]
+    got = paged_attention(plan_c, kc, vc, q, k, v)
+    want = paged_attention(plan_attention(*args, GatherBuffers(), backend="torch"), kc, vc, q, k, v)
+    if dtype == torch.bfloat16:
+        assert torch.equal(got, want)
+    else:
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_decodes_only_rows_and_a_non_contiguous_query():
+    """A decode-only step passes q straight in; the fused q/k/v projection makes it a strided view."""
+    gen = torch.Generator().manual_seed(3)
+    batch, kc, vc, _, k, v, _ = random_step(gen, [(9, 1), (2, 1), (17, 1)], dtype=torch.bfloat16)
+    wide = torch.randn(3, 6, 8, generator=gen).to(torch.bfloat16)
+    q = wide[:, :4]  # (T, nh, hd), not contiguous
+    args = (batch.query_start, batch.num_cached, batch.block_tables, batch.slot_mapping, 4, kc.shape[1])
+    got = paged_attention(plan_attention(*args, backend="c"), kc, vc, q, k, v)
+    assert torch.equal(got, paged_attention(plan_attention(*args, max_padding=1.0), kc, vc, q, k, v))
+
+
+ENGINE_CONFIGS = [
+    {},
+    {"max_num_batched_tokens": 16, "num_blocks": 16, "block_size": 4},  # chunks and preemptions
+    {"block_size": 1, "max_num_batched_tokens": 7, "num_blocks": 400},
+    {"block_size": 5, "num_blocks": 40, "max_num_seqs": 3, "enable_prefix_caching": True},
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_engine_with_the_kernel_equals_generate(dtype):
+    model = tiny_model(seed=4, dtype=dtype, vocab_size=256, eos_token_id=255)
+    gen = torch.Generator().manual_seed(5)
+    shared = torch.randint(1, 250, (9,), generator=gen).tolist()
+    prompts = [shared + torch.randint(1, 250, (int(n),), generator=gen).tolist()
+               for n in torch.randint(1, 30, (10,), generator=gen)]
+    refs = [generate(model, p, 20, eos_token_id=255) for p in prompts]
+    preempted = 0
+    for cfg in ENGINE_CONFIGS:
+        engine = LLMEngine(model, attention_backend="c", **cfg)
+        assert engine.runner.attention_backend == "c"
+        done = engine.generate(prompts, SamplingParams(max_tokens=20))
+        assert [r.output_ids for r in done] == refs, cfg
+        preempted += engine.stats.preemptions
+        assert engine.block_pool.num_free == engine.config.num_blocks
+    assert preempted > 0  # the recompute path ran too
+
+
+def test_the_embedded_model_gives_the_same_tokens_with_the_kernel():
+    tok = load_tokenizer()
+    prompts = [chat_prompt_ids(tok, text) for text in CHAT_PROMPTS]
+    for dtype in (torch.bfloat16, torch.float32):
+        model = Transformer.from_pretrained(dtype=dtype)
+        result = identity_check(model, prompts, max_tokens=16, attention_backend="c")
+        assert [r.identical for r in result.rows] == [True] * len(result.rows), dtype
+        assert all(e.runner.attention_backend == "c" for e in result.engines.values())
+
+
+def test_a_backend_is_named_and_a_dtype_it_cannot_run_is_refused_before_allocation():
+    with pytest.raises(ValueError, match="attention_backend='cuda'"):
+        EngineConfig(attention_backend="cuda")
+    for dtype in (torch.float64, torch.float16):
+        model = tiny_model(dtype=dtype)
+        with pytest.raises(ValueError, match=f"this one is {str(dtype)[6:]}"):
+            LLMEngine(model, attention_backend="c")
+        LLMEngine(model, attention_backend="torch")  # the chapters' path runs every dtype
+
+
+def test_a_failed_build_says_what_to_do(monkeypatch, tmp_path):
+    monkeypatch.setenv("NANO_ENGINE_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails
+    with pytest.raises(kernels.KernelBuildError, match='failed.*attention_backend="torch"'):
+        kernels.build()
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(kernels.KernelBuildError, match="no-such-compiler"):
+        kernels.build()
+    assert not list(tmp_path.rglob("*.so"))  # nothing half-built is left to be loaded later
+
+
+def test_the_build_is_cached_per_source_and_cpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("NANO_ENGINE_CACHE", str(tmp_path))
+    path = kernels.build()
+    assert path.parent == tmp_path / "kernels" and path.exists()
+    stamp = path.stat().st_mtime_ns
+    assert kernels.build() == path and path.stat().st_mtime_ns == stamp  # not rebuilt
+    monkeypatch.setattr(kernels, "_cpu_id", lambda: "flags : another cpu")
+    assert kernels.library_path() != path
