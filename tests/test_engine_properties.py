@@ -221,3 +221,21 @@ def test_the_workloads_reach_every_path():
     count()
     print(f"paths taken in {n[0]} examples: " + ", ".join(f"{p} {counts[p]}" for p in PATHS))
     assert all(counts[p] >= n[0] / 3 for p in PATHS), counts
+
+
+MODEL_BF16 = tiny_model(seed=1, dtype=torch.bfloat16)
+
+
+@settings(max_examples=200 if LONG else 30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_the_c_attention_backend_takes_the_torch_backends_tokens(scenario):
+    """In bfloat16 the kernel (kernels.py) gives attention's very bits, so under any scheduling
+    (preemption, chunks, prefix hits, every policy) and with seeded sampling the tokens are the same."""
+    _, reqs, cfg = scenario
+    prompts, params = [list(p) for p, *_ in reqs], [sp for _, sp, *_ in reqs]
+    outs = {}
+    for backend in ("torch", "c"):
+        engine = LLMEngine(MODEL_BF16, attention_backend=backend, **cfg)
+        outs[backend] = [r.output_ids for r in engine.generate(prompts, params)]
+        event(f"preempted: {engine.stats.preemptions > 0}")
+    assert outs["c"] == outs["torch"]
