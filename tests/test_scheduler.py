@@ -557,3 +557,49 @@ def test_conservative_admits_exactly_up_to_its_headroom(max_tokens, admitted):
     out = s.schedule()
     assert s.headroom == (56 - 4.5) - (40 + max_tokens * 0.5 if admitted else 0)
     assert plan(out) == [("a", 1, "decode")] + ([("b", 40, "prefill")] if admitted else [])
+
+
+def test_a_spent_budget_ends_the_running_pass_with_no_empty_chunk():
+    # Three decodes and a budget of two: the third gets nothing this step, not a chunk of 0 tokens.
+    s = make(max_num_batched_tokens=8, max_num_seqs=3)
+    reqs = [add(s, f"r{i}", 2) for i in range(3)]
+    advance(s.schedule())  # three prefills of 2 tokens: 6 of 8
+    s.config.max_num_batched_tokens = 2
+    out = s.schedule()
+    assert plan(out) == [("r0", 1, "decode"), ("r1", 1, "decode")]
+    assert all(c.n >= 1 for c in out.chunks) and reqs[2] in s.running
+
+
+def test_the_prefix_cache_counters_add_up_over_admissions():
+    # vLLM's prefix_cache_queries / prefix_cache_hits: prompt tokens looked up and found, summed.
+    s = make(block_size=4)
+    assert (s.prefix_cache_queries, s.prefix_cache_hits, s.num_steps) == (0, 0, 0)
+    first = add(s, "a", 9)
+    advance(s.schedule())
+    assert (s.prefix_cache_queries, s.prefix_cache_hits) == (9, 0)
+    s.pool.cache_blocks(first.block_ids, s.hashes(first, 2))  # the engine names its two full blocks
+    s.finish(first, "stop")
+    again = Request("b", list(first.prompt_ids) + [5], SamplingParams(max_tokens=4), arrival_time=1e9, seq=10**6)
+    s.add_request(again)
+    s.schedule()
+    assert again.num_cached_tokens == 8  # two full blocks of the first prompt
+    assert (s.prefix_cache_queries, s.prefix_cache_hits, s.num_steps) == (9 + 10, 8, 2)
+
+
+def test_hashes_are_computed_once_and_finish_twice_is_harmless(monkeypatch):
+    import nano_engine.scheduler as scheduler
+
+    calls = []
+    real = scheduler.block_hashes
+    monkeypatch.setattr(scheduler, "block_hashes", lambda *a: calls.append(a[2]) or real(*a))
+    s = make(block_size=4)
+    req = add(s, "a", 13)
+    assert s.hashes(req, 3) == block_hashes(req.all_token_ids, 4, 3, None)
+    assert s.hashes(req, 3) == s.hashes(req, 2) + [req.block_hashes[2]] and calls == [3]  # kept, not recomputed
+    assert s.steps_waited(req) == 0
+    s.schedule()
+    assert s.steps_waited(req) == 1
+    s.finish(req, "abort")
+    s.finish(req, "abort")  # an abort racing a stop: the second finish finds nothing left to free
+    assert req.finish_reason == "abort" and s.pool.num_free == s.pool.num_blocks
+    assert s.steps_waited(req) == 0  # no longer known: it waits no more

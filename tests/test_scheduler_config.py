@@ -18,6 +18,7 @@ NAN = float("nan")
     (dict(max_num_seqs="4"), TypeError, r"max_num_seqs='4' must be an integer, got str"),
     (dict(enable_chunked_prefill="no"), TypeError, r"enable_chunked_prefill='no' must be True or False"),
     (dict(enable_chunked_prefill=0), TypeError, r"enable_chunked_prefill=0 must be True or False"),
+    (dict(scheduler_reserve_full_isl="yes"), TypeError, r"^scheduler_reserve_full_isl='yes' must be True or False"),
     (dict(policy="lifo"), ValueError, r"policy='lifo' is not one of \('fcfs', 'priority', 'conservative', 'static'\)"),
     (dict(policy=None), ValueError, r"policy=None is not one of"),
     (dict(priority_aging=NAN), ValueError, r"priority_aging=nan must be a finite number"),
