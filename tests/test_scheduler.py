@@ -579,11 +579,13 @@ def test_the_prefix_cache_counters_add_up_over_admissions():
     assert (s.prefix_cache_queries, s.prefix_cache_hits) == (9, 0)
     s.pool.cache_blocks(first.block_ids, s.hashes(first, 2))  # the engine names its two full blocks
     s.finish(first, "stop")
-    again = Request("b", list(first.prompt_ids) + [5], SamplingParams(max_tokens=4), arrival_time=1e9, seq=10**6)
-    s.add_request(again)
+    again = [Request(f"b{i}", list(first.prompt_ids) + [5] * (i + 1), SamplingParams(max_tokens=4),
+                     arrival_time=1e9 + i, seq=10**6 + i) for i in range(2)]
+    for r in again:
+        s.add_request(r)
     s.schedule()
-    assert again.num_cached_tokens == 8  # two full blocks of the first prompt
-    assert (s.prefix_cache_queries, s.prefix_cache_hits, s.num_steps) == (9 + 10, 8, 2)
+    assert [r.num_cached_tokens for r in again] == [8, 8]  # two full blocks of the first prompt each
+    assert (s.prefix_cache_queries, s.prefix_cache_hits, s.num_steps) == (9 + 10 + 11, 16, 2)
 
 
 def test_hashes_are_computed_once_and_finish_twice_is_harmless(monkeypatch):
