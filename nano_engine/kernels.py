@@ -86,8 +86,7 @@ def library() -> ctypes.CDLL:
     global _lib
     with _lock:
         if _lib is None:
-            import torch.nn.functional  # noqa: F401  torch's libgomp.so.1 is loaded: the kernel links to it
-
+            # torch (imported above) has loaded its libgomp.so.1: the kernel's libgomp.so.1 resolves to it.
             lib = ctypes.CDLL(str(build()))
             P, I = ctypes.c_void_p, ctypes.c_int
             for name in ("f32", "bf16"):
