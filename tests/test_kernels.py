@@ -162,3 +162,11 @@ def test_the_build_is_cached_per_source_and_cpu(monkeypatch, tmp_path):
     assert kernels.build() == path and path.stat().st_mtime_ns == stamp  # not rebuilt
     monkeypatch.setattr(kernels, "_cpu_id", lambda: "flags : another cpu")
     assert kernels.library_path() != path
+
+
+def test_the_kernel_runs_on_torchs_openmp_runtime():
+    """A second libgomp would start a second thread team on the same cores (twice the threads)."""
+    kernels.library()
+    with open("/proc/self/maps") as f:
+        gomp = {line.split()[-1] for line in f if "libgomp" in line}
+    assert len(gomp) == 1 and "torch" in next(iter(gomp)), gomp
