@@ -53,3 +53,12 @@ def test_identity_check_in_bfloat16(prompts):
     print(result.table())
     assert [r.identical for r in result.rows] == [True, True, True]
 
+
+
+def test_the_embedded_model_gives_the_same_tokens_with_the_attention_kernel(prompts):
+    """attention_backend="c" (nano_engine/kernels.py) against generate, in both dtypes."""
+    for dtype in (torch.bfloat16, torch.float32):
+        model = Transformer.from_pretrained(dtype=dtype)
+        result = identity_check(model, prompts, max_tokens=16, attention_backend="c")
+        assert [r.identical for r in result.rows] == [True] * len(result.rows), dtype
+        assert all(e.runner.attention_backend == "c" for e in result.engines.values())

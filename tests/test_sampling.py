@@ -137,3 +137,53 @@ def test_stop_tokens_and_ignore_eos(tiny):
     cut = LLMEngine(tiny).generate([[5, 6]], SamplingParams(max_tokens=6, ignore_eos=True,
                                                             stop_token_ids=(stop,)))[0]
     assert cut.finish_reason == "stop" and cut.output_ids == free.output_ids[:first + 1]
+
+
+# ----- the details mutation testing found unchecked (make mutants) -----
+
+def test_ties_keep_the_lower_token_id_first_in_logprobs_and_at_the_top_p_edge():
+    from nano_engine.sampling import top_logprobs
+
+    flat = torch.tensor([0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0] * 4)  # 32 values, many ties
+    ids, values = top_logprobs(flat, 6)
+    assert ids == [1, 2, 4, 5, 7, 9] and values == [1.0] * 6
+    # Four equal tokens, top_p 0.5: the two kept are the two lowest ids (a stable sort).
+    kept = filter_logits(torch.zeros(16), 0, 0.5).isfinite().nonzero().flatten().tolist()
+    assert kept == list(range(8))
+
+
+def test_top_p_of_one_and_the_defaults_filter_nothing():
+    from nano_engine.request import SAMPLING_EPS
+    from nano_engine.sampling import distribution
+
+    x = torch.tensor([0.0, -30.0, -40.0, -30.0])  # a tail whose mass rounds to nothing in float32
+    assert torch.equal(filter_logits(x, 0, 1.0), x)
+    assert torch.allclose(distribution(x, 1.0), x.softmax(-1))  # no top-p, no min-p by default
+    # Greedy below SAMPLING_EPS: all the mass on the first largest logit, in float32.
+    greedy = distribution(torch.tensor([1.0, 3.0, 3.0], dtype=torch.float64), 0.0)
+    assert greedy.dtype == torch.float32 and greedy.tolist() == [0.0, 1.0, 0.0]
+    assert distribution(torch.tensor([1.0, 1.0]), SAMPLING_EPS).tolist() == [0.5, 0.5]  # not greedy
+
+
+def test_logit_bias_adds_and_penalties_subtract_in_the_logits_dtype():
+    from nano_engine.sampling import apply_logit_bias, apply_penalties
+
+    x = torch.tensor([[2.0, -1.0, 0.5]], dtype=torch.float64)
+    assert apply_logit_bias(x, [{0: 1.0, 1: -0.25}]).tolist() == [[3.0, -1.25, 0.5]]
+    # Frequency 1.0 is a penalty (only 0 is off); 0.1 x count is exact in float64, not in float32.
+    out = apply_penalties(x, [[2]], [[0, 0, 1]], [1.0], [1.0], [0.0])
+    assert out.tolist() == [[0.0, -2.0, 0.5]]
+    out = apply_penalties(x, [[2]], [[0, 0, 1]], [1.0], [0.1], [0.3])
+    assert out.tolist() == [[2.0 - 0.1 * 2 - 0.3, -1.0 - 0.1 - 0.3, 0.5]]
+
+
+@pytest.mark.parametrize("penalty", [dict(repetition_penalty=3.0), dict(frequency_penalty=2.0),
+                                     dict(presence_penalty=2.0)])
+def test_a_greedy_request_with_one_penalty_alone_takes_the_penalized_path(penalty):
+    # Token 0 leads by 0.5 but has been generated twice: each penalty alone must hand the step to token 1.
+    from nano_engine.sampling import sample
+
+    logits = torch.tensor([[3.0, 2.5, 0.0]])
+    params = SamplingParams(max_tokens=4, **penalty)
+    assert sample(logits, [params], [None], [[2]], [[0, 0]]).token_ids == [1]
+    assert sample(logits, [SamplingParams(max_tokens=4)], [None], [[2]], [[0, 0]]).token_ids == [0]
