@@ -1,5 +1,6 @@
 """One ragged batch gives every sequence the logits it would get alone."""
 
+import pytest
 import torch
 
 from nano_engine.paged import BlockPool
@@ -35,3 +36,13 @@ def test_ragged_batch_equals_each_sequence_alone(tiny):
     for row, s in zip(logits, seqs):
         alone = tiny.compute_logits(tiny(torch.tensor(s), torch.arange(len(s))))[-1]
         assert torch.allclose(row, alone, atol=1e-12)
+
+
+def test_build_batch_refuses_by_what_is_wrong_and_types_even_an_empty_batch():
+    with pytest.raises(ValueError, match="^every scheduled sequence needs at least one new token$"):
+        build_batch([SeqChunk([], 0, [0], True)], block_size=4)
+    with pytest.raises(ValueError, match="^block table of 1 blocks cannot hold 6 tokens$"):
+        build_batch([SeqChunk([1, 2], 4, [0], True)], block_size=4)
+    empty = build_batch([], block_size=4)
+    assert [t.dtype for t in (empty.input_ids, empty.positions, empty.slot_mapping, empty.logits_indices)] == \
+        [torch.long] * 4 and empty.num_tokens == 0

@@ -187,3 +187,20 @@ def test_a_greedy_request_with_one_penalty_alone_takes_the_penalized_path(penalt
     params = SamplingParams(max_tokens=4, **penalty)
     assert sample(logits, [params], [None], [[2]], [[0, 0]]).token_ids == [1]
     assert sample(logits, [SamplingParams(max_tokens=4)], [None], [[2]], [[0, 0]]).token_ids == [0]
+
+
+def test_sample_uses_the_history_it_is_given_and_none_when_not_in_float32_at_least():
+    from nano_engine.sampling import sample
+
+    logits = torch.tensor([[3.0, 2.5, 0.0]])
+    rep = SamplingParams(max_tokens=4, repetition_penalty=3.0)
+    assert sample(logits, [rep], [None], [[0]], [[]]).token_ids == [1]  # token 0 seen in the prompt only
+    assert sample(logits, [rep], [None]).token_ids == [0]  # no history given: nothing seen
+    # min_tokens=1: the end-of-sequence token (the argmax) is barred from the first output token only.
+    first = SamplingParams(max_tokens=4, min_tokens=1)
+    assert sample(logits, [first], [None], [[2]], [[]], eos_token_ids=[0]).token_ids == [1]
+    assert sample(logits, [first], [None], [[2]], [[1]], eos_token_ids=[0]).token_ids == [0]
+    # bfloat16 logits are penalized in float32: 2.0 - 0.01 stays above 1.984375 (in bfloat16 they would tie).
+    bf = torch.tensor([[1.984375, 2.0]], dtype=torch.bfloat16)
+    freq = SamplingParams(max_tokens=4, frequency_penalty=0.01)
+    assert sample(bf, [freq], [None], [[0]], [[1]]).token_ids == [1]
