@@ -177,8 +177,8 @@ def test_logit_bias_adds_and_penalties_subtract_in_the_logits_dtype():
     assert out.tolist() == [[2.0 - 0.1 * 2 - 0.3, -1.0 - 0.1 - 0.3, 0.5]]
 
 
-@pytest.mark.parametrize("penalty", [dict(repetition_penalty=3.0), dict(frequency_penalty=2.0),
-                                     dict(presence_penalty=2.0)])
+@pytest.mark.parametrize("penalty", [dict(repetition_penalty=2.0), dict(frequency_penalty=1.0),
+                                     dict(presence_penalty=1.0)])
 def test_a_greedy_request_with_one_penalty_alone_takes_the_penalized_path(penalty):
     # Token 0 leads by 0.5 but has been generated twice: each penalty alone must hand the step to token 1.
     from nano_engine.sampling import sample
@@ -204,3 +204,13 @@ def test_sample_uses_the_history_it_is_given_and_none_when_not_in_float32_at_lea
     bf = torch.tensor([[1.984375, 2.0]], dtype=torch.bfloat16)
     freq = SamplingParams(max_tokens=4, frequency_penalty=0.01)
     assert sample(bf, [freq], [None], [[0]], [[1]]).token_ids == [1]
+
+
+def test_logprobs_come_only_when_asked_for_on_the_per_row_path():
+    from nano_engine.sampling import sample
+
+    logits = torch.tensor([[3.0, 2.5, 0.0]])
+    hot = SamplingParams(max_tokens=4, temperature=1.0, seed=1)
+    out = sample(logits.repeat(2, 1), [hot, SamplingParams(max_tokens=4, temperature=1.0, seed=1, logprobs=2)],
+                 [torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)])
+    assert out.logprobs[0] is None and out.logprobs[1].top_ids == [0, 1]
