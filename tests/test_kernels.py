@@ -8,7 +8,7 @@ from nano_engine import kernels
 from nano_engine.attention import GatherBuffers, decode_attention, paged_attention, plan_attention
 from nano_engine.engine import EngineConfig, LLMEngine
 from nano_engine.mini_llm import attention, generate
-from nano_engine.runner import build_batch, SeqChunk
+from nano_engine.runner import ModelRunner
 from nano_engine.sampling import SamplingParams
 from nano_engine.tiny import tiny_model
 
@@ -128,6 +128,8 @@ def test_the_engine_with_the_kernel_equals_generate(dtype, monkeypatch):
 def test_a_backend_is_named_and_a_dtype_it_cannot_run_is_refused_before_allocation():
     with pytest.raises(ValueError, match="attention_backend='cuda'"):
         EngineConfig(attention_backend="cuda")
+    with pytest.raises(ValueError, match="^attention_backend='C' is not one of"):
+        ModelRunner(tiny_model(dtype=torch.float32), 8, 4, "C")
     for dtype in (torch.float64, torch.float16):
         model = tiny_model(dtype=dtype)
         with pytest.raises(ValueError, match=f"this one is {str(dtype)[6:]}"):
