@@ -147,9 +147,9 @@ def test_ties_keep_the_lower_token_id_first_in_logprobs_and_at_the_top_p_edge():
     flat = torch.tensor([0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0] * 4)  # 32 values, many ties
     ids, values = top_logprobs(flat, 6)
     assert ids == [1, 2, 4, 5, 7, 9] and values == [1.0] * 6
-    # Four equal tokens, top_p 0.5: the two kept are the two lowest ids (a stable sort).
-    kept = filter_logits(torch.zeros(16), 0, 0.5).isfinite().nonzero().flatten().tolist()
-    assert kept == list(range(8))
+    # 16 equal leaders among 32 tokens, top_p 0.3: the 7 kept are the 7 lowest ids (a stable sort).
+    kept = filter_logits(torch.tensor([1.0, 0.0] * 16), 0, 0.3).isfinite().nonzero().flatten().tolist()
+    assert kept == [0, 2, 4, 6, 8, 10, 12]
 
 
 def test_top_p_of_one_and_the_defaults_filter_nothing():
@@ -158,7 +158,8 @@ def test_top_p_of_one_and_the_defaults_filter_nothing():
 
     x = torch.tensor([0.0, -30.0, -40.0, -30.0])  # a tail whose mass rounds to nothing in float32
     assert torch.equal(filter_logits(x, 0, 1.0), x)
-    assert torch.allclose(distribution(x, 1.0), x.softmax(-1))  # no top-p, no min-p by default
+    even = torch.tensor([0.0, 0.0, -1.0])
+    assert torch.allclose(distribution(even, 1.0), even.softmax(-1))  # no top-p, no min-p by default
     # Greedy below SAMPLING_EPS: all the mass on the first largest logit, in float32.
     greedy = distribution(torch.tensor([1.0, 3.0, 3.0], dtype=torch.float64), 0.0)
     assert greedy.dtype == torch.float32 and greedy.tolist() == [0.0, 1.0, 0.0]
@@ -200,9 +201,9 @@ def test_sample_uses_the_history_it_is_given_and_none_when_not_in_float32_at_lea
     first = SamplingParams(max_tokens=4, min_tokens=1)
     assert sample(logits, [first], [None], [[2]], [[]], eos_token_ids=[0]).token_ids == [1]
     assert sample(logits, [first], [None], [[2]], [[1]], eos_token_ids=[0]).token_ids == [0]
-    # bfloat16 logits are penalized in float32: 2.0 - 0.01 stays above 1.984375 (in bfloat16 they would tie).
-    bf = torch.tensor([[1.984375, 2.0]], dtype=torch.bfloat16)
-    freq = SamplingParams(max_tokens=4, frequency_penalty=0.01)
+    # bfloat16 logits are penalized in float32: 2.0 - 0.005 stays above 1.9921875 (in bfloat16 they would tie).
+    bf = torch.tensor([[1.9921875, 2.0]], dtype=torch.bfloat16)
+    freq = SamplingParams(max_tokens=4, frequency_penalty=0.005)
     assert sample(bf, [freq], [None], [[0]], [[1]]).token_ids == [1]
 
 
