@@ -56,6 +56,7 @@ class KernelDecodes:
     rows: slice | torch.Tensor  # their rows in the batch
     block_tables: torch.Tensor  # (D, max_blocks) int32, short tables padded with block 0 (never read)
     context_lens: torch.Tensor  # (D,) int32: num_cached + 1
+    width: int  # the longest context_len
 
 
 @dataclass
@@ -137,13 +138,13 @@ def plan_attention(query_start: Sequence[int], num_cached: Sequence[int],
     if backend == "c":
         kernel = None
         if decodes:
-            width = max(-(-n // block_size) for n in lengths)
-            tables = torch.zeros(len(decodes), width, dtype=torch.int32)
-            for i, s in enumerate(decodes):
-                used = list(block_tables[s][:-(-lengths[i] // block_size)])
-                tables[i, :len(used)] = torch.tensor(used, dtype=torch.int32)
+            nblocks = [-(-n // block_size) for n in lengths]
+            most = max(nblocks)
+            rows = [list(block_tables[s][:k]) for s, k in zip(decodes, nblocks)]
+            tables = torch.tensor([r + [0] * (most - len(r)) for r in rows],
+                                  dtype=torch.int32)  # (D, most), short tables padded with block 0
             kernel = KernelDecodes(_rows([query_start[s] for s in decodes]), tables,
-                                   torch.tensor(lengths, dtype=torch.int32))
+                                   torch.tensor(lengths, dtype=torch.int32), max(lengths))
         return AttentionPlan(slot_mapping, [], prefills, buffers or GatherBuffers(), kernel, block_size)
     groups = []
     for members in group_by_length(lengths, max_padding) if decodes else []:
@@ -202,6 +203,19 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return torch.bmm(probs, v).view(D, nh, hd).to(dtype)
 
 
+def take_rows(x: torch.Tensor, rows: slice | torch.Tensor) -> torch.Tensor:
+    """x[rows]: a view for a slice, a copy for an index."""
+    return x[rows] if isinstance(rows, slice) else x.index_select(0, rows)
+
+
+def put_rows(out: torch.Tensor, rows: slice | torch.Tensor, values: torch.Tensor) -> None:
+    """out[rows] = values."""
+    if isinstance(rows, slice):
+        out[rows] = values
+    else:
+        out.index_copy_(0, rows, values)
+
+
 def paged_attention(plan: AttentionPlan, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Attention of a step's new tokens, each over its own sequence's context.
@@ -211,24 +225,17 @@ def paged_attention(plan: AttentionPlan, k_cache: torch.Tensor, v_cache: torch.T
     """
     kd = plan.kernel
     if kd is not None and not plan.prefills:  # decodes only: rows 0..T-1
-        return kernels.paged_decode(q.contiguous(), k_cache, v_cache, kd.block_tables, kd.context_lens, plan.block_size)
+        return kernels.paged_decode(q.contiguous(), k_cache, v_cache, kd.block_tables, kd.context_lens,
+                                    plan.block_size, kd.width)
     if len(plan.decodes) == 1 and not plan.prefills:  # decodes only, in one group: rows 0..T-1
         return decode_attention(q, k_cache, v_cache, plan.decodes[0], plan.buffers)
     out = torch.empty_like(q)  # (T, nh, hd)
     if kd is not None:
-        rows = q[kd.rows] if isinstance(kd.rows, slice) else q.index_select(0, kd.rows)
-        o = kernels.paged_decode(rows.contiguous(), k_cache, v_cache, kd.block_tables, kd.context_lens,
-                                 plan.block_size)
-        if isinstance(kd.rows, slice):
-            out[kd.rows] = o
-        else:
-            out.index_copy_(0, kd.rows, o)
+        o = kernels.paged_decode(take_rows(q, kd.rows).contiguous(), k_cache, v_cache, kd.block_tables,
+                                 kd.context_lens, plan.block_size, kd.width)
+        put_rows(out, kd.rows, o)
     for g in plan.decodes:
-        if isinstance(g.rows, slice):
-            out[g.rows] = decode_attention(q[g.rows], k_cache, v_cache, g, plan.buffers)
-        else:
-            out.index_copy_(0, g.rows, decode_attention(q.index_select(0, g.rows), k_cache, v_cache, g,
-                                                        plan.buffers))
+        put_rows(out, g.rows, decode_attention(take_rows(q, g.rows), k_cache, v_cache, g, plan.buffers))
     for p in plan.prefills:
         if p.context is None:  # nothing cached before the chunk: its own K and V are the context
             out[p.rows] = attention(q[p.rows], k[p.rows], v[p.rows], 0)

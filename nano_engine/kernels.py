@@ -104,12 +104,15 @@ def check_dtype(dtype: torch.dtype) -> None:
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                 context_lens: torch.Tensor, block_size: int) -> torch.Tensor:
+                 context_lens: torch.Tensor, block_size: int, width: int | None = None) -> torch.Tensor:
     """Attention of one new token per sequence over its context, read from the blocks in place.
 
     q: (D, nh, hd); k_cache, v_cache: (slots, nkv, hd), one layer's cache, with the new tokens'
     K and V already written; block_tables: (D, max_blocks) int32; context_lens: (D,) int32, the
-    tokens each query sees (its own included), at least 1. Returns (D, nh, hd) in q's dtype.
+    tokens each query sees (its own included), at least 1. width: the longest context, when the
+    caller knows it (attention.plan_attention works it out once per step, for all 30 layers);
+    otherwise it is read from context_lens here, and every length is checked against the tables.
+    Returns (D, nh, hd) in q's dtype.
     The same steps as attention.decode_attention: scores (float32, -inf past each context), the
     softmax in float32, the probabilities rounded to the model's dtype, times V.
     """
@@ -124,9 +127,12 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         raise ValueError(f"q is {q.dtype} but the cache is {k_cache.dtype}")
     D, nh, hd = q.shape
     nkv = k_cache.shape[1]
-    width = int(context_lens.max())
-    if width > block_tables.shape[1] * block_size or int(context_lens.min()) < 1:
-        raise ValueError(f"context lengths {int(context_lens.min())}..{width} do not fit block tables of "
+    if width is None:
+        width, shortest = int(context_lens.max()), int(context_lens.min())
+        if shortest < 1:
+            raise ValueError(f"every context length must be at least 1; the shortest is {shortest}")
+    if width > block_tables.shape[1] * block_size:
+        raise ValueError(f"a context of {width} tokens does not fit block tables of "
                          f"{block_tables.shape[1]} blocks of {block_size}")
     lib, name, threads = library(), "f32" if q.dtype == torch.float32 else "bf16", torch.get_num_threads()
     shape = (D, nh, nkv, hd, block_size, block_tables.shape[1], width)

@@ -75,6 +75,8 @@ def test_a_mixed_step_through_paged_attention_matches_the_torch_backend(dtype):
     plan_c = plan_attention(*args, GatherBuffers(), backend="c")
     assert not isinstance(plan_c.kernel.rows, slice) and not plan_c.decodes
     assert plan_c.kernel.context_lens.tolist() == [6, 7, 31, 1, 29]
+    assert plan_c.kernel.width == 31  # worked out once for the step, not at every layer
+    assert plan_c.kernel.block_tables.shape == (5, 8)  # 31 tokens in blocks of 4; the rest padded
     got = paged_attention(plan_c, kc, vc, q, k, v)
     want = paged_attention(plan_attention(*args, GatherBuffers(), backend="torch"), kc, vc, q, k, v)
     if dtype == torch.bfloat16:
@@ -94,6 +96,27 @@ def test_decodes_only_rows_and_a_non_contiguous_query():
     assert torch.equal(got, paged_attention(plan_attention(*args, max_padding=1.0), kc, vc, q, k, v))
 
 
+def test_paged_decode_refuses_what_it_cannot_read_by_name():
+    """Direct callers get an error before the C code reads memory it was not given."""
+    gen = torch.Generator().manual_seed(2)
+    q, kc, vc, tables = decodes(gen, [5, 9], 4, 2, 8, 4, torch.float32)
+    bt = torch.tensor([t + [0] * (3 - len(t)) for t in tables], dtype=torch.int32)  # room for 12 tokens
+    lens = torch.tensor([5, 9], dtype=torch.int32)
+    assert kernels.paged_decode(q, kc, vc, bt, lens, 4).shape == q.shape
+    with pytest.raises(ValueError, match="a context of 13 tokens does not fit block tables of 3 blocks of 4"):
+        kernels.paged_decode(q, kc, vc, bt, torch.tensor([5, 13], dtype=torch.int32), 4)
+    with pytest.raises(ValueError, match="a context of 13 tokens does not fit"):
+        kernels.paged_decode(q, kc, vc, bt, lens, 4, width=13)  # a width given by the caller is checked too
+    with pytest.raises(ValueError, match="at least 1; the shortest is 0"):
+        kernels.paged_decode(q, kc, vc, bt, torch.tensor([0, 9], dtype=torch.int32), 4)
+    with pytest.raises(ValueError, match="q is not"):
+        kernels.paged_decode(q.transpose(1, 2).contiguous().transpose(1, 2), kc, vc, bt, lens, 4)
+    with pytest.raises(ValueError, match="must be int32"):
+        kernels.paged_decode(q, kc, vc, bt.long(), lens, 4)
+    with pytest.raises(ValueError, match="q is torch.bfloat16 but the cache is torch.float32"):
+        kernels.paged_decode(q.bfloat16(), kc, vc, bt, lens, 4)
+
+
 ENGINE_CONFIGS = [
     {},
     {"max_num_batched_tokens": 16, "num_blocks": 16, "block_size": 4},  # chunks and preemptions
@@ -111,7 +134,12 @@ def test_the_engine_with_the_kernel_equals_generate(dtype, monkeypatch):
                for n in torch.randint(1, 30, (10,), generator=gen)]
     refs = [generate(model, p, 20, eos_token_id=255) for p in prompts]
     calls, real = [], kernels.paged_decode
-    monkeypatch.setattr(kernels, "paged_decode", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+
+    def spy(q, k_cache, v_cache, block_tables, context_lens, block_size, width):
+        assert width == int(context_lens.max())  # the plan's width, passed down, not recomputed
+        calls.append(q.shape[0])
+        return real(q, k_cache, v_cache, block_tables, context_lens, block_size, width)
+    monkeypatch.setattr(kernels, "paged_decode", spy)
     preempted = 0
     for cfg in ENGINE_CONFIGS:
         engine = LLMEngine(model, attention_backend="c", **cfg)
