@@ -39,15 +39,21 @@ class KernelBuildError(RuntimeError):
     """The kernel could not be compiled (no C++ compiler, or it failed): use attention_backend="torch"."""
 
 
+def cpu_flags(cpuinfo: str) -> str | None:
+    """The line of /proc/cpuinfo that lists the CPU's features: "flags" on x86, "Features" on ARM."""
+    for line in cpuinfo.splitlines():
+        if line.startswith(("flags", "Features")):
+            return line
+    return None
+
+
 def _cpu_id() -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return line
+            line = cpu_flags(f.read())
     except OSError:
-        pass
-    return platform.processor()
+        line = None
+    return line or platform.processor()
 
 
 def library_path() -> pathlib.Path:
@@ -123,8 +129,9 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
             raise ValueError(f"paged_decode needs contiguous tensors; {name} is not")
     if block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32:
         raise ValueError("block_tables and context_lens must be int32")
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise ValueError(f"q is {q.dtype} but the cache is {k_cache.dtype}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype != q.dtype:
+            raise ValueError(f"q is {q.dtype} but {name} is {t.dtype}")
     D, nh, hd = q.shape
     nkv = k_cache.shape[1]
     if width is None:

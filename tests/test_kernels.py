@@ -1,6 +1,9 @@
 """The compiled decode attention (attention_backend="c", kernels.py): the same results as the
 chapters' PyTorch attention, bit for bit in bfloat16, and the same tokens as `generate`."""
 
+import pathlib
+import re
+
 import pytest
 import torch
 
@@ -109,12 +112,17 @@ def test_paged_decode_refuses_what_it_cannot_read_by_name():
         kernels.paged_decode(q, kc, vc, bt, lens, 4, width=13)  # a width given by the caller is checked too
     with pytest.raises(ValueError, match="at least 1; the shortest is 0"):
         kernels.paged_decode(q, kc, vc, bt, torch.tensor([0, 9], dtype=torch.int32), 4)
-    with pytest.raises(ValueError, match="q is not"):
-        kernels.paged_decode(q.transpose(1, 2).contiguous().transpose(1, 2), kc, vc, bt, lens, 4)
-    with pytest.raises(ValueError, match="must be int32"):
-        kernels.paged_decode(q, kc, vc, bt.long(), lens, 4)
-    with pytest.raises(ValueError, match="q is torch.bfloat16 but the cache is torch.float32"):
-        kernels.paged_decode(q.bfloat16(), kc, vc, bt, lens, 4)
+    args = {"q": q, "k_cache": kc, "v_cache": vc, "block_tables": bt, "context_lens": lens}
+    for name, t in args.items():
+        strided = torch.stack([t, t], dim=-1)[..., 0]  # the same values, not contiguous
+        with pytest.raises(ValueError, match=f"^paged_decode needs contiguous tensors; {name} is not$"):
+            kernels.paged_decode(**{**args, name: strided}, block_size=4)
+    for name in ("block_tables", "context_lens"):
+        with pytest.raises(ValueError, match="^block_tables and context_lens must be int32$"):
+            kernels.paged_decode(**{**args, name: args[name].long()}, block_size=4)
+    for name in ("k_cache", "v_cache"):
+        with pytest.raises(ValueError, match=f"^q is torch.float32 but {name} is torch.bfloat16$"):
+            kernels.paged_decode(**{**args, name: args[name].bfloat16()}, block_size=4)
 
 
 ENGINE_CONFIGS = [
@@ -160,7 +168,8 @@ def test_a_backend_is_named_and_a_dtype_it_cannot_run_is_refused_before_allocati
         ModelRunner(tiny_model(dtype=torch.float32), 8, 4, "C")
     for dtype in (torch.float64, torch.float16):
         model = tiny_model(dtype=dtype)
-        with pytest.raises(ValueError, match=f"this one is {str(dtype)[6:]}"):
+        with pytest.raises(ValueError, match=f'^attention_backend="c" runs float32 and bfloat16 models; '
+                                             f'this one is {str(dtype)[6:]} \\(use attention_backend="torch"\\)$'):
             LLMEngine(model, attention_backend="c")
         LLMEngine(model, attention_backend="torch")  # the chapters' path runs every dtype
 
@@ -174,22 +183,78 @@ def test_the_torch_backend_never_calls_the_kernel(monkeypatch):
 def test_a_failed_build_says_what_to_do(monkeypatch, tmp_path):
     monkeypatch.setenv("NANO_ENGINE_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails
-    with pytest.raises(kernels.KernelBuildError, match='failed.*attention_backend="torch"'):
+    with pytest.raises(kernels.KernelBuildError, match='failed \\(exit 1\\); use attention_backend="torch" meanwhile'):
         kernels.build()
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
-    with pytest.raises(kernels.KernelBuildError, match="no-such-compiler"):
+    with pytest.raises(kernels.KernelBuildError, match="compiler .*no-such-compiler.*"
+                                                       ', or use attention_backend="torch"$'):
         kernels.build()
     assert not list(tmp_path.rglob("*.so"))  # nothing half-built is left to be loaded later
+
+
+def fake_compiler(folder, name, stderr="", code=0):
+    """A `name` on PATH that records its arguments and writes its -o file (or fails)."""
+    folder.mkdir(exist_ok=True)
+    script = folder / name
+    script.write_text("#!/bin/sh\n"
+                      f'printf "%s\\n" "$@" > "{folder}/{name}.args"\n'
+                      f'printf "{stderr}" >&2\n'
+                      f'[ {code} -eq 0 ] || exit {code}\n'
+                      'while [ "$1" != "-o" ]; do shift; done; : > "$2"\n')
+    script.chmod(0o755)
+    return folder / f"{name}.args"
+
+
+@pytest.mark.parametrize("names", [["c++"], ["g++"], ["c++", "g++"]])
+def test_the_compiler_is_cxx_then_cplusplus_then_gplusplus(monkeypatch, tmp_path, names):
+    monkeypatch.setenv("NANO_ENGINE_CACHE", str(tmp_path / "a" / "b"))  # parents made as needed
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    records = [fake_compiler(tmp_path / "bin", n) for n in names]
+    path = kernels.build()
+    assert path.exists() and path.parent == tmp_path / "a" / "b" / "kernels"
+    args = records[0].read_text().splitlines()  # the first name on the list is the one used
+    assert args[:len(kernels.FLAGS)] == kernels.FLAGS and args[-1] == str(kernels.SOURCE)
+    out = pathlib.Path(args[-2])
+    assert args[-3] == "-o" and out.name == path.name
+    assert out.parent.parent == path.parent  # built beside its final place: the rename is atomic
+    assert all(not r.exists() for r in records[1:])
+
+
+def test_no_compiler_and_a_compilers_complaint_are_reported_whole(monkeypatch, tmp_path):
+    monkeypatch.setenv("NANO_ENGINE_CACHE", str(tmp_path))
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    with pytest.raises(kernels.KernelBuildError) as e:
+        kernels.build()
+    assert str(e.value) == ('attention_backend="c" needs a C++ compiler (c++ or g++, or $CXX) to build '
+                            'paged_decode.cpp; none is on PATH. Install one, or use attention_backend="torch"')
+    fake_compiler(tmp_path / "bin", "g++", stderr="paged_decode.cpp:3: error\\nsecond line", code=2)
+    with pytest.raises(kernels.KernelBuildError, match="failed \\(exit 2\\)") as e:
+        kernels.build()
+    assert str(e.value).endswith("The compiler said:\npaged_decode.cpp:3: error\nsecond line")
 
 
 def test_the_build_is_cached_per_source_and_cpu(monkeypatch, tmp_path):
     monkeypatch.setenv("NANO_ENGINE_CACHE", str(tmp_path))
     path = kernels.build()
     assert path.parent == tmp_path / "kernels" and path.exists()
+    assert re.fullmatch(r"paged_decode-[0-9a-f]{16}\.so", path.name)
     stamp = path.stat().st_mtime_ns
     assert kernels.build() == path and path.stat().st_mtime_ns == stamp  # not rebuilt
     monkeypatch.setattr(kernels, "_cpu_id", lambda: "flags : another cpu")
     assert kernels.library_path() != path
+    monkeypatch.delenv("NANO_ENGINE_CACHE")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert kernels.library_path().parent == tmp_path / "home" / ".cache" / "nano_engine" / "kernels"
+
+
+def test_the_cpu_is_told_by_its_feature_line():
+    assert kernels.cpu_flags("processor\t: 0\nflags\t\t: fpu avx2\nbugs\t: x") == "flags\t\t: fpu avx2"
+    assert kernels.cpu_flags("processor\t: 0\nFeatures\t: fp asimd\n") == "Features\t: fp asimd"  # ARM
+    assert kernels.cpu_flags("processor\t: 0\n") is None
+    if pathlib.Path("/proc/cpuinfo").exists():
+        assert kernels._cpu_id() == kernels.cpu_flags(pathlib.Path("/proc/cpuinfo").read_text())
 
 
 def test_the_kernel_runs_on_torchs_openmp_runtime():
