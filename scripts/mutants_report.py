@@ -1,8 +1,10 @@
 """Summarise a mutmut run (make mutants): the score per module and every surviving mutant.
 
 mutmut's own `results` lists the survivors one per line; this groups them by module and adds the
-score, killed / (killed + survived), counting a time-out as killed (the mutant looped) and a mutant
-that no test reaches as a survivor (nothing would notice it). Read a survivor with
+score, killed / (killed + survived), counting a time-out as killed (the mutant looped), a crash of
+the test process as killed (mutmut's "segfault", and "suspicious", its name for an exit status it
+does not know, such as the abort of a kernel that wrote past its buffer: the run did not pass), and
+a mutant that no test reaches as a survivor (nothing would notice it). Read a survivor with
 `.venv/bin/mutmut show NAME`: either a test is missing, or the mutant is equivalent (it cannot
 change any behaviour, e.g. a bound that is never reached). An equivalent one is listed, with the
 reason, in scripts/mutants_equivalent.txt ("NAME: why", one per line); the report prints those
@@ -21,7 +23,7 @@ import subprocess
 import sys
 from collections import Counter, defaultdict
 
-KILLED = {"killed", "timeout"}
+KILLED = {"killed", "timeout", "segfault", "suspicious"}
 EQUIVALENT_FILE = pathlib.Path(__file__).with_name("mutants_equivalent.txt")
 
 

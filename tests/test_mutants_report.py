@@ -23,7 +23,8 @@ def report(tmp_path, monkeypatch):
     results = "\n".join([
         "    nano_engine.m.x_f__mutmut_1: killed", "    nano_engine.m.x_f__mutmut_2: killed",
         "    nano_engine.m.x_f__mutmut_3: survived", "    nano_engine.m.x_f__mutmut_4: survived",
-        "    nano_engine.m.x_f__mutmut_5: timeout", "    nano_engine.m.x_f__mutmut_6: not checked"])
+        "    nano_engine.m.x_f__mutmut_5: timeout", "    nano_engine.m.x_f__mutmut_6: not checked",
+        "    nano_engine.m.x_f__mutmut_7: segfault", "    nano_engine.m.x_f__mutmut_8: suspicious"])
     diffs = {"nano_engine.m.x_f__mutmut_3": "--- a\n+++ b\n-    y = x or 1\n+    y = x or 2\n",
              "nano_engine.m.x_f__mutmut_4": "--- a\n+++ b\n-    return a < b\n+    return a <= b\n"}
 
@@ -36,11 +37,12 @@ def report(tmp_path, monkeypatch):
     return mod
 
 
-def test_score_counts_timeouts_as_killed_and_lists_survivors(report, capsys):
+def test_score_counts_timeouts_and_crashes_as_killed_and_lists_survivors(report, capsys):
     assert report.main([]) == 0
     out = capsys.readouterr().out
-    # 3 killed (2 + a timeout) of 5 checked: 60%; the unchecked one is counted but not scored
-    assert "nano_engine.m" in out and " 60%" in out
+    # 5 killed (2, a timeout, a segfault, an abort) of 7 checked: 71%; the unchecked one is counted, not scored
+    assert "nano_engine.m" in out and " 71%" in out
+    assert "mutmut_7" not in out and "mutmut_8" not in out
     assert "x_f__mutmut_3 (survived)" in out and "x_f__mutmut_4 (survived)" in out
     assert "mutmut_6" not in out.split("survivors in")[1]
 
@@ -51,7 +53,7 @@ def test_an_explained_equivalent_is_listed_apart_and_left_out_of_the_second_scor
     report.main([])
     out = capsys.readouterr().out
     line = next(ln for ln in out.splitlines() if ln.startswith("nano_engine.m "))
-    assert line.split()[1:] == ["6", "3", "2", "0", "1", "60%", "80%"]
+    assert line.split()[1:] == ["8", "5", "2", "0", "1", "71%", "86%"]
     assert "x_f__mutmut_3: x is never 0 here" in out
     assert "x_f__mutmut_3 (" not in out and "x_f__mutmut_4 (survived)" in out
 
