@@ -116,7 +116,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     q: (D, nh, hd); k_cache, v_cache: (slots, nkv, hd), one layer's cache, with the new tokens'
     K and V already written; block_tables: (D, max_blocks) int32; context_lens: (D,) int32, the
     tokens each query sees (its own included), at least 1. width: the longest context, when the
-    caller knows it (attention.plan_attention works it out once per step, for all 30 layers);
+    caller knows it (attention.plan_attention works it out once per step, for every layer);
     otherwise it is read from context_lens here, and every length is checked against the tables.
     Returns (D, nh, hd) in q's dtype.
     The same steps as attention.decode_attention: scores (float32, -inf past each context), the
