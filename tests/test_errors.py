@@ -2,6 +2,7 @@
 before anything changes; a step that raises leaves the engine usable."""
 
 import math
+from dataclasses import fields
 
 import numpy as np
 import pytest
@@ -90,21 +91,30 @@ def test_engine_config_accepts_numpy_integers(tiny):
 
 
 def test_bad_engine_arguments(tiny):
-    with pytest.raises(TypeError, match=r"config must be an EngineConfig or None \(or pass the settings as "
-                                        r"keywords.*got dict"):
-        LLMEngine(tiny, config={"num_blocks": 8})
-    with pytest.raises(TypeError, match=r"model must be a nano_engine Transformer.*got NoneType"):
-        LLMEngine(None)
-    with pytest.raises(TypeError, match=r"model must be a nano_engine Transformer.*got str"):
-        LLMEngine("HuggingFaceTB/SmolLM2-135M")
-    with pytest.raises(TypeError, match=r"the second argument is the tokenizer"):
-        LLMEngine(tiny, EngineConfig())
-    with pytest.raises(TypeError, match=r"unknown engine settings \['num_block'\]; allowed: .*num_blocks"):
-        LLMEngine(tiny, num_block=8)
-    with pytest.raises(ValueError, match="either config or keyword settings"):
-        LLMEngine(tiny, config=EngineConfig(), num_blocks=8)
-    with pytest.raises(TypeError, match="scheduler_cls must be a class"):
-        LLMEngine(tiny, scheduler_cls="fcfs")
+    allowed = ", ".join(f.name for f in fields(EngineConfig))
+    cases = [  # each message whole: what was wrong, and what to pass instead
+        (lambda: LLMEngine(tiny, config={"num_blocks": 8}), TypeError,
+         "config must be an EngineConfig or None (or pass the settings as keywords, e.g. "
+         "LLMEngine(model, max_num_batched_tokens=64)), got dict"),
+        (lambda: LLMEngine(None), TypeError, "model must be a nano_engine Transformer (Transformer.from_pretrained(path) "
+         "or nano_engine.tiny.tiny_model()), got NoneType"),
+        (lambda: LLMEngine("HuggingFaceTB/SmolLM2-135M"), TypeError, "model must be a nano_engine Transformer "
+         "(Transformer.from_pretrained(path) or nano_engine.tiny.tiny_model()), got str"),
+        (lambda: LLMEngine(tiny, EngineConfig()), TypeError, "the second argument is the tokenizer: pass settings as "
+         "config=EngineConfig(...) or as keywords"),
+        (lambda: LLMEngine(tiny, {"num_blocks": 8}), TypeError, "the second argument is the tokenizer: pass settings as "
+         "config=EngineConfig(...) or as keywords"),
+        (lambda: LLMEngine(tiny, num_block=8), TypeError, f"unknown engine settings ['num_block']; allowed: {allowed}"),
+        (lambda: LLMEngine(tiny, config=EngineConfig(), num_blocks=8), ValueError,
+         "pass either config or keyword settings, not both"),
+        (lambda: LLMEngine(tiny, scheduler_cls="fcfs"), TypeError,
+         "scheduler_cls must be a class (a Scheduler subclass), got 'fcfs'"),
+    ]
+    for make, error, message in cases:
+        with pytest.raises(error) as err:
+            make()
+        assert str(err.value) == message
+    assert allowed.startswith("max_num_batched_tokens, max_num_seqs, ") and allowed.endswith(", attention_backend")
 
 
 def test_kv_pool_larger_than_memory_is_refused_before_allocating(tiny, monkeypatch):

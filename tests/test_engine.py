@@ -1,0 +1,336 @@
+"""LLMEngine's own contract, beyond the tokens: what each step records (rows sampled, seconds,
+token times), how a failed step leaves the KV pool, the request API's defaults and refusals, a
+swapped-in Scheduler that orders its chunks its own way, generate()'s guard against a scheduler
+that schedules nothing, reset_prefix_cache() and from_pretrained()."""
+
+import time
+
+import pytest
+import torch
+
+from nano_engine import LLMEngine, SamplingParams, Scheduler
+from nano_engine.mini_llm import Transformer
+from nano_engine.scheduler import SchedulerOutput
+
+GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
+# Prompts that make chunked prefill, decodes and (with 10 blocks of 4) preemption meet in one run.
+PROMPTS = [list(range(1, 30)), [3, 4, 5], list(range(40, 58)), [9, 8, 7, 6, 5]]
+
+
+def expected_samples(records, prompt_lens: dict[str, int]) -> tuple[list[int], dict[str, int]]:
+    """Rows that sample in each record, worked out from the records alone: a chunk samples when it
+    reaches the request's last token (prompt plus the tokens sampled so far); a preempted request
+    starts again from 0 (prefix caching off: no hit moves the start)."""
+    computed = dict.fromkeys(prompt_lens, 0)
+    outputs = dict.fromkeys(prompt_lens, 0)
+    per_step = []
+    for rec in records:
+        for rid in rec.preempted:
+            computed[rid] = 0
+        n_sampled = 0
+        for rid, n, _ in rec.scheduled:
+            computed[rid] += n
+            if computed[rid] == prompt_lens[rid] + outputs[rid]:
+                outputs[rid] += 1
+                n_sampled += 1
+        per_step.append(n_sampled)
+    return per_step, outputs
+
+
+def run_all(engine: LLMEngine, prompts, sp=GREEDY) -> list:
+    ids = [engine.add_request(p, sp) for p in prompts]
+    while engine.has_unfinished():
+        engine.step()
+    return [engine.requests[i] for i in ids]
+
+
+# ----- what a step records -----
+def test_each_record_counts_the_rows_that_sampled(tiny):
+    engine = LLMEngine(tiny, num_blocks=10, block_size=4, max_num_batched_tokens=12, enable_prefix_caching=False)
+    reqs = run_all(engine, PROMPTS)
+    records = list(engine.step_log)
+    assert any(rec.preempted for rec in records), "the scenario must preempt"
+    assert any(len(rec.scheduled) > 1 and rec.num_prefill_tokens for rec in records), "and mix prefill and decodes"
+    per_step, outputs = expected_samples(records, {r.request_id: len(r.prompt_ids) for r in reqs})
+    assert [rec.num_sampled for rec in records] == per_step
+    assert outputs == {r.request_id: len(r.output_ids) for r in reqs} == {r.request_id: 6 for r in reqs}
+
+
+def test_a_record_without_chunks_sampled_nothing(tiny):
+    engine = LLMEngine(tiny)
+    rid = engine.add_request([1, 2, 3], GREEDY)
+    engine.step()
+    engine.abort(rid)
+    engine.step()  # schedules nothing, but is recorded: it carries the abort
+    rec = engine.step_log[-1]
+    assert rec.scheduled == [] and rec.aborted == [rid] and rec.num_sampled == 0
+
+
+def test_stats_seconds_are_the_sum_of_the_steps(tiny):
+    engine = LLMEngine(tiny, max_num_batched_tokens=8)
+    engine.generate(PROMPTS, GREEDY)
+    durations = [rec.duration for rec in engine.step_log]
+    assert len(durations) == engine.stats.steps > 3  # no idle step: every one is recorded
+    assert engine.stats.seconds == pytest.approx(sum(durations), rel=1e-9)
+
+
+def test_token_times_are_when_each_token_came(tiny):
+    engine = LLMEngine(tiny, max_num_batched_tokens=8)
+    before = time.perf_counter()
+    reqs = engine.generate(PROMPTS, GREEDY)
+    after = time.perf_counter()
+    for r in reqs:
+        assert len(r.token_times) == len(r.output_ids)
+        assert all(type(t) is float for t in r.token_times)
+        assert r.token_times == sorted(r.token_times) and before <= r.token_times[0] and r.token_times[-1] <= after
+
+
+def test_records_and_stats_agree_with_the_engine(tiny):
+    # Preemption (recomputed tokens), chunking and decodes, checked record by record as they come.
+    engine = LLMEngine(tiny, num_blocks=10, block_size=4, max_num_batched_tokens=12)
+    created = time.perf_counter()
+    for p in PROMPTS:
+        engine.add_request(p, GREEDY)
+    records = []
+    while engine.has_unfinished():
+        before = time.perf_counter()
+        engine.step()
+        after = time.perf_counter()
+        rec = engine.step_log[-1]
+        records.append(rec)
+        assert rec.step == engine.stats.steps - 1
+        assert (rec.num_free_blocks, rec.num_waiting, rec.num_running) == (
+            engine.block_pool.num_free, len(engine.scheduler.waiting), len(engine.scheduler.running))
+        # start: seconds since the engine was created; duration: within the step() call
+        assert before - created <= rec.start + 1e-6 and rec.start - 1e-6 <= after - created
+        assert 0 < rec.duration <= after - before
+    assert [r.step for r in records] == list(range(len(records)))
+    assert all(a.start + a.duration <= b.start + 1e-6 for a, b in zip(records, records[1:]))
+    s = engine.stats
+    recomputed = sum(n for rec in records for _, n, kind in rec.scheduled if kind == "recompute")
+    assert recomputed > 0 and s.recomputed_tokens == recomputed
+    assert s.tokens == sum(rec.num_tokens for rec in records)
+    assert s.preemptions == sum(len(rec.preempted) for rec in records) > 0
+    assert s.num_finished == len(PROMPTS) and s.num_errors == 0
+
+
+def test_every_error_is_counted(tiny, monkeypatch):
+    engine = LLMEngine(tiny)
+    monkeypatch.setattr(engine.runner, "forward", lambda batch: 1 / 0)
+    for _ in range(2):
+        with pytest.raises(ZeroDivisionError):
+            engine.generate([[1, 2, 3]], GREEDY)
+    assert engine.stats.num_errors == 2 and [rec.error is not None for rec in engine.step_log] == [True, True]
+    assert engine.stats.tokens == 0
+
+
+def test_requests_are_numbered_in_arrival_order(tiny):
+    engine = LLMEngine(tiny)
+    ids = [engine.add_request([1, 2]), engine.add_request([3], request_id="x"), engine.add_request([4, 5])]
+    assert [engine.requests[i].seq for i in ids] == [0, 1, 2]
+    engine.abort(ids[0])
+    engine.release(ids[0])
+    assert engine.requests[engine.add_request([6])].seq == 3  # never reused
+
+
+def test_the_model_length_and_the_vocabulary_are_inclusive_bounds(tiny):
+    engine = LLMEngine(tiny, num_blocks=1100, block_size=4)
+    max_len, vocab = tiny.config.max_position_embeddings, tiny.config.vocab_size
+    engine.add_request([1] * 10, SamplingParams(max_tokens=max_len - 10))  # exactly the model's length
+    with pytest.raises(ValueError) as err:
+        engine.add_request([1] * 10, SamplingParams(max_tokens=max_len - 9))
+    assert str(err.value) == (f"prompt (10) + max_tokens ({max_len - 9}) = {max_len + 1} tokens, above the "
+                              f"model's max_position_embeddings={max_len}")
+    engine.add_request([1], SamplingParams(logprobs=vocab))  # every token's logprob
+    with pytest.raises(ValueError, match=f"^logprobs={vocab + 1} must be <= the vocabulary size {vocab}$"):
+        engine.add_request([1], SamplingParams(logprobs=vocab + 1))
+
+
+@pytest.mark.parametrize("eos, expected", [(5, {5}), ([5, 7], {5, 7}), ((), set()), (None, set())])
+def test_the_models_end_of_sequence_ids(eos, expected):
+    from nano_engine.tiny import tiny_model
+
+    model = tiny_model(seed=0)
+    model.config.eos_token_id = eos
+    assert LLMEngine(model).eos_token_ids == expected
+
+
+def test_the_sampler_is_given_each_requests_history(tiny, monkeypatch):
+    # Penalties and min_tokens read the prompt and the output so far: the engine must pass both.
+    import nano_engine.engine as engine_module
+
+    seen = []
+    real = engine_module.sample
+
+    def spy(logits, params, generators, prompt_ids, output_ids, eos_token_ids):
+        seen.append(([list(p) for p in prompt_ids], [list(o) for o in output_ids], eos_token_ids))
+        return real(logits, params, generators, prompt_ids, output_ids, eos_token_ids)
+
+    monkeypatch.setattr(engine_module, "sample", spy)
+    engine = LLMEngine(tiny, max_num_batched_tokens=64)
+    engine.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert seen[0][0] == [[1, 2, 3], [4, 5]] and seen[0][1] == [[], []]
+    assert seen[1][0] == [[1, 2, 3], [4, 5]] and all(len(o) == 1 for o in seen[1][1])
+    assert all(eos == sorted(engine.eos_token_ids) for _, _, eos in seen)
+
+
+# ----- a failed step and the KV pool -----
+def test_a_failed_step_keeps_the_prefix_cache(tiny, monkeypatch):
+    engine = LLMEngine(tiny, num_blocks=16, block_size=4)
+    shared = list(range(1, 14))
+    engine.generate([shared], GREEDY)
+    pool = engine.block_pool
+    real = engine.runner.forward
+    monkeypatch.setattr(engine.runner, "forward", lambda batch: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        engine.generate([[20, 21, 22]], GREEDY)
+    rec = engine.step_log[-1]
+    assert rec.error == "ZeroDivisionError: division by zero" and rec.num_sampled == 0
+    monkeypatch.setattr(engine.runner, "forward", real)
+    assert engine.block_pool is pool and engine.scheduler.pool is pool  # nothing leaked: no new pool
+    again = engine.generate([shared], GREEDY)[0]
+    assert again.num_cached_tokens == 12  # the three full blocks of the first run are still cached
+
+
+def test_blocks_taken_by_a_scheduler_that_raised_are_given_back(tiny, monkeypatch):
+    engine = LLMEngine(tiny, num_blocks=16, block_size=4)
+    expected = LLMEngine(tiny).generate([list(range(1, 10))], GREEDY)[0].output_ids
+    real = engine.block_pool.allocate
+
+    def allocate_then_fail(n):
+        real(n)  # taken from the free queue, handed to nobody
+        raise MemoryError("injected in allocate")
+
+    monkeypatch.setattr(engine.block_pool, "allocate", allocate_then_fail)
+    with pytest.raises(MemoryError):
+        engine.generate([list(range(1, 10))], GREEDY)
+    assert engine.step_log[-1].num_sampled == 0
+    assert engine.block_pool.num_free == 16 and engine.scheduler.pool is engine.block_pool
+    engine.block_pool.check()
+    assert engine.generate([list(range(1, 10))], GREEDY)[0].output_ids == expected
+
+
+# ----- the request API -----
+def test_requests_default_to_priority_zero(tiny):
+    engine = LLMEngine(tiny)
+    rid = engine.add_request([1, 2, 3])
+    assert engine.requests[rid].priority == 0
+    assert [r.priority for r in engine.generate([[1, 2], [3]], GREEDY)] == [0, 0]
+
+
+def test_abort_takes_stop_or_abort_and_refuses_anything_else(tiny):
+    engine = LLMEngine(tiny)
+    a, b = engine.add_request([1, 2, 3]), engine.add_request([4, 5])
+    with pytest.raises(ValueError) as err:
+        engine.abort(a, "halt")
+    assert str(err.value) == "finish_reason='halt' is not one of ('abort', 'stop')"
+    assert not engine.requests[a].is_finished  # refused before anything changed
+    engine.abort(a, "stop")
+    engine.abort(b)
+    assert (engine.requests[a].finish_reason, engine.requests[b].finish_reason) == ("stop", "abort")
+    assert engine.block_pool.num_free == engine.block_pool.num_blocks
+
+
+def test_a_stop_token_gives_its_id_as_the_stop_reason(tiny):
+    free = LLMEngine(tiny).generate([[1, 2, 3]], GREEDY)[0].output_ids
+    stop = free[2]
+    req = LLMEngine(tiny).generate([[1, 2, 3]], SamplingParams(max_tokens=6, ignore_eos=True,
+                                                                stop_token_ids=[stop]))[0]
+    k = free.index(stop)
+    assert req.output_ids == free[:k + 1] and req.finish_reason == "stop" and req.stop_reason == stop
+
+
+# ----- a scheduler of one's own -----
+class Reversed(Scheduler):
+    """Schedules what the default scheduler does, with the chunks in the opposite order, so that
+    a prefill chunk that does not reach its prompt's end comes before requests that sample."""
+
+    def schedule(self):
+        out = super().schedule()
+        out.chunks.reverse()
+        return out
+
+
+def test_the_engine_takes_a_schedulers_chunks_in_any_order(tiny):
+    kw = dict(num_blocks=24, block_size=4, max_num_batched_tokens=10, enable_prefix_caching=False)
+    plain, rev = LLMEngine(tiny, **kw), LLMEngine(tiny, scheduler_cls=Reversed, **kw)
+    expected, got = run_all(plain, PROMPTS), run_all(rev, PROMPTS)
+    assert [r.output_ids for r in got] == [r.output_ids for r in expected]
+    # The same steps, each with the same chunks; and the reversal did put a partial prefill first.
+    assert [sorted(rec.scheduled) for rec in rev.step_log] == [sorted(rec.scheduled) for rec in plain.step_log]
+    lens = {r.request_id: len(r.prompt_ids) for r in got}
+    assert [rec.num_sampled for rec in rev.step_log] == expected_samples(rev.step_log, lens)[0]
+    assert any(len(rec.scheduled) > 1 and rec.scheduled[0][2] == "prefill" and rec.num_sampled < len(rec.scheduled)
+               for rec in rev.step_log)
+
+
+class Idle(Scheduler):
+    """A broken scheduler: it never schedules anything (and stops a runaway loop after 20 calls)."""
+
+    calls = 0
+
+    def schedule(self):
+        type(self).calls += 1
+        assert type(self).calls < 20, "generate() kept stepping a scheduler that schedules nothing"
+        return SchedulerOutput()
+
+
+class Stalled(Scheduler):
+    """A scheduler that admits every waiting request and then gives none of them a token."""
+
+    def schedule(self):
+        self.running.extend(self.waiting)
+        self.waiting.clear()
+        return SchedulerOutput()
+
+
+@pytest.mark.parametrize("scheduler_cls, waiting", [(Idle, 1), (Stalled, 0)])
+def test_a_step_with_news_but_no_chunks_is_recorded(tiny, scheduler_cls, waiting):
+    Idle.calls = 0
+    engine = LLMEngine(tiny, scheduler_cls=scheduler_cls)
+    rid = engine.add_request([1, 2, 3], GREEDY)
+    engine.step()  # its only news: a request added
+    engine.step()  # Idle: a request still waiting; Stalled: nothing new, and nothing recorded
+    assert [(rec.added, rec.scheduled, rec.num_waiting) for rec in engine.step_log][0] == ([rid], [], waiting)
+    assert len(engine.step_log) == 2 - (scheduler_cls is Stalled) and engine.stats.steps == 2
+
+
+def test_generate_stops_a_scheduler_that_schedules_nothing(tiny):
+    Idle.calls = 0
+    engine = LLMEngine(tiny, scheduler_cls=Idle)
+    with pytest.raises(RuntimeError) as err:
+        engine.generate([[1, 2, 3], [4, 5]], GREEDY)
+    assert str(err.value) == "step 0 scheduled nothing with 2 requests waiting"
+    assert Idle.calls == 1 and not engine.requests and not engine.has_unfinished()
+
+
+# ----- the prefix cache reset, and loading -----
+@pytest.mark.parametrize("caching", [True, False])
+def test_reset_prefix_cache_starts_a_clean_pool_of_the_same_kind(tiny, caching):
+    engine = LLMEngine(tiny, num_blocks=20, block_size=4, enable_prefix_caching=caching)
+    shared = list(range(1, 14))
+    engine.generate([shared], GREEDY)
+    rid = engine.add_request([5, 6])
+    with pytest.raises(RuntimeError, match="^cannot reset the prefix cache while requests are unfinished$"):
+        engine.reset_prefix_cache()
+    engine.abort(rid)
+    assert engine.generate([shared], GREEDY)[0].num_cached_tokens == (12 if caching else 0)
+    old = engine.block_pool
+    engine.reset_prefix_cache()
+    new = engine.block_pool
+    assert new is not old and engine.scheduler.pool is new and type(new) is type(old)
+    assert (new.num_blocks, new.num_free, new.enable_prefix_caching, new.cached) == (20, 20, caching, {})
+    assert engine.generate([shared], GREEDY)[0].num_cached_tokens == 0  # forgotten
+    assert engine.generate([shared], GREEDY)[0].num_cached_tokens == (12 if caching else 0)
+
+
+def test_from_pretrained_loads_the_model_and_its_tokenizer(tiny, monkeypatch):
+    calls = []
+    monkeypatch.setattr(Transformer, "from_pretrained", lambda path, dtype: calls.append((path, dtype)) or tiny)
+    monkeypatch.setattr("nano_engine.loading.load_tokenizer", lambda path: calls.append(("tokenizer", path)) or "TOK")
+    engine = LLMEngine.from_pretrained("some/folder", max_num_seqs=3)
+    assert calls == [("some/folder", torch.float32), ("tokenizer", "some/folder")]
+    assert engine.model is tiny and engine.tokenizer == "TOK" and engine.config.max_num_seqs == 3
+    calls.clear()
+    LLMEngine.from_pretrained(dtype=torch.bfloat16)
+    assert calls == [(None, torch.bfloat16), ("tokenizer", None)]
