@@ -11,6 +11,7 @@ the chapters' traces and timelines are drawn from. Finished requests stay in `re
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import deque
@@ -44,7 +45,8 @@ class EngineConfig(SchedulerConfig):
         self.num_blocks = checks.integer("num_blocks", self.num_blocks, minimum=1)
         self.block_size = checks.integer("block_size", self.block_size, minimum=1)
         self.enable_prefix_caching = checks.flag("enable_prefix_caching", self.enable_prefix_caching)
-        self.step_log_size = checks.integer("step_log_size", self.step_log_size, minimum=0)
+        # A deque's maxlen is a C ssize_t: refuse more here rather than deep inside LLMEngine.
+        self.step_log_size = checks.integer("step_log_size", self.step_log_size, minimum=0, maximum=sys.maxsize)
         self.attention_backend = checks.choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
 
     def to_vllm(self, dtype: str | None = None, max_model_len: int | None = None) -> dict:

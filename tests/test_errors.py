@@ -2,6 +2,7 @@
 before anything changes; a step that raises leaves the engine usable."""
 
 import math
+import sys
 from dataclasses import fields
 
 import numpy as np
@@ -74,8 +75,10 @@ def test_tiny_temperature_and_top_p_are_numerically_safe(tiny):
     (dict(block_size="16"), TypeError, r"block_size='16' must be an integer"),
     (dict(enable_prefix_caching="no"), TypeError, r"enable_prefix_caching='no' must be True or False"),
     (dict(enable_prefix_caching=0), TypeError, r"enable_prefix_caching=0 must be True or False"),
-    (dict(step_log_size=-1), ValueError, r"step_log_size=-1 must be an integer >= 0"),
+    (dict(step_log_size=-1), ValueError, rf"^step_log_size=-1 must be an integer in \[0, {sys.maxsize}\]$"),
     (dict(step_log_size=1e4), TypeError, r"step_log_size=10000.0 must be an integer"),
+    (dict(step_log_size=2**63), ValueError,  # a deque's maxlen is a C ssize_t
+     rf"^step_log_size={2**63} must be an integer in \[0, {sys.maxsize}\]$"),
 ])
 def test_bad_engine_settings(tiny, kw, error, match):
     with pytest.raises(error, match=match):
