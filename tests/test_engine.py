@@ -37,17 +37,10 @@ def expected_samples(records, prompt_lens: dict[str, int]) -> tuple[list[int], d
     return per_step, outputs
 
 
-def run_all(engine: LLMEngine, prompts, sp=GREEDY) -> list:
-    ids = [engine.add_request(p, sp) for p in prompts]
-    while engine.has_unfinished():
-        engine.step()
-    return [engine.requests[i] for i in ids]
-
-
 # ----- what a step records -----
 def test_each_record_counts_the_rows_that_sampled(tiny):
     engine = LLMEngine(tiny, num_blocks=10, block_size=4, max_num_batched_tokens=12, enable_prefix_caching=False)
-    reqs = run_all(engine, PROMPTS)
+    reqs = engine.generate(PROMPTS, GREEDY)
     records = list(engine.step_log)
     assert any(rec.preempted for rec in records), "the scenario must preempt"
     assert any(len(rec.scheduled) > 1 and rec.num_prefill_tokens for rec in records), "and mix prefill and decodes"
@@ -64,14 +57,6 @@ def test_a_record_without_chunks_sampled_nothing(tiny):
     engine.step()  # schedules nothing, but is recorded: it carries the abort
     rec = engine.step_log[-1]
     assert rec.scheduled == [] and rec.aborted == [rid] and rec.num_sampled == 0
-
-
-def test_stats_seconds_are_the_sum_of_the_steps(tiny):
-    engine = LLMEngine(tiny, max_num_batched_tokens=8)
-    engine.generate(PROMPTS, GREEDY)
-    durations = [rec.duration for rec in engine.step_log]
-    assert len(durations) == engine.stats.steps > 3  # no idle step: every one is recorded
-    assert engine.stats.seconds == pytest.approx(sum(durations), rel=1e-9)
 
 
 def test_token_times_are_when_each_token_came(tiny):
@@ -110,6 +95,8 @@ def test_records_and_stats_agree_with_the_engine(tiny):
     recomputed = sum(n for rec in records for _, n, kind in rec.scheduled if kind == "recompute")
     assert recomputed > 0 and s.recomputed_tokens == recomputed
     assert s.tokens == sum(rec.num_tokens for rec in records)
+    assert s.steps == len(records) > 3  # every step is recorded, and the seconds are theirs
+    assert s.seconds == pytest.approx(sum(rec.duration for rec in records), rel=1e-9)
     assert s.preemptions == sum(len(rec.preempted) for rec in records) > 0
     assert s.num_finished == len(PROMPTS) and s.num_errors == 0
 
@@ -254,7 +241,7 @@ class Reversed(Scheduler):
 def test_the_engine_takes_a_schedulers_chunks_in_any_order(tiny):
     kw = dict(num_blocks=24, block_size=4, max_num_batched_tokens=10, enable_prefix_caching=False)
     plain, rev = LLMEngine(tiny, **kw), LLMEngine(tiny, scheduler_cls=Reversed, **kw)
-    expected, got = run_all(plain, PROMPTS), run_all(rev, PROMPTS)
+    expected, got = plain.generate(PROMPTS, GREEDY), rev.generate(PROMPTS, GREEDY)
     assert [r.output_ids for r in got] == [r.output_ids for r in expected]
     # The same steps, each with the same chunks; and the reversal did put a partial prefill first.
     assert [sorted(rec.scheduled) for rec in rev.step_log] == [sorted(rec.scheduled) for rec in plain.step_log]

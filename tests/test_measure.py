@@ -1,6 +1,7 @@
 """measure: interleaved repeats, medians with their range, the step-cost fit. No clock is asserted."""
 
 import math
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -23,6 +24,8 @@ def test_interleave_shows_a_progress_bar_only_when_asked(capsys):
     assert capsys.readouterr().err == ""
     interleave({"a": lambda: 1}, repeats=2, progress="timing")
     assert "timing" in capsys.readouterr().err  # tqdm.auto writes a text bar outside a notebook
+    interleave({"a": lambda: 1, "b": lambda: 2}, repeats=3, progress="timing")
+    assert "6/6" in capsys.readouterr().err  # the bar counts every call: repeats x runs
 
 
 @pytest.mark.parametrize("repeats", [0, -1, 1.5, True, "3"])
@@ -32,15 +35,16 @@ def test_interleave_refuses_a_bad_repeat_count(repeats):
 
 
 def test_interleave_refuses_nothing_to_run_and_non_callables():
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(ValueError, match=r"^runs must name at least one function to call, got an empty mapping$"):
         interleave({}, repeats=1)
-    with pytest.raises(TypeError, match=r"runs\['a'\]"):
+    with pytest.raises(TypeError, match=r"^runs\['a'\] must be callable, got int$"):
         interleave({"a": 3}, repeats=1)
 
 
 def test_timed_returns_seconds():
+    before = time.perf_counter()
     seconds = timed(lambda: sum(range(1000)))()
-    assert isinstance(seconds, float) and seconds >= 0
+    assert isinstance(seconds, float) and 0 <= seconds <= time.perf_counter() - before
 
 
 def test_spread_is_median_and_range():
@@ -59,7 +63,7 @@ def test_within_noise_means_overlapping_ranges():
 
 
 def test_spread_refuses_empty_and_nan():
-    with pytest.raises(ValueError, match="at least one"):
+    with pytest.raises(ValueError, match="^Spread.of needs at least one value, got none$"):
         Spread.of([])
     with pytest.raises(ValueError, match="NaN"):
         Spread.of([1.0, math.nan])
@@ -81,6 +85,8 @@ def test_step_cost_fits_a_step_log():
 
 
 def test_step_cost_needs_two_step_sizes_and_paired_data():
+    two = StepCost.fit([2, 6, 6], [0.3, 0.7, 0.7])  # two sizes are enough
+    assert two.fixed == pytest.approx(0.1) and two.per_token == pytest.approx(0.1)
     with pytest.raises(ValueError, match="two sizes"):
         StepCost.fit([8, 8, 8], [0.1, 0.2, 0.3])
     with pytest.raises(ValueError, match="pair up"):

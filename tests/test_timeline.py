@@ -129,3 +129,17 @@ def test_queues_replayed_from_the_log_are_the_schedulers(tiny, policy):
     replayed = [(q.waiting, q.running) for q in queue_states(log)]
     assert replayed == actual
     assert [(len(w), len(r)) for w, r in actual] == [(rec.num_waiting, rec.num_running) for rec in log]
+
+
+def test_the_old_queue_copies_say_where_they_went():
+    from nano_engine.steplog import StepRecord
+
+    rec = StepRecord.__new__(StepRecord)  # __getattr__ needs no field
+    for name, short in (("waiting_ids", "waiting"), ("running_ids", "running")):
+        with pytest.raises(AttributeError) as e:
+            getattr(rec, name)
+        assert str(e.value) == (f"StepRecord.{name} is gone (it copied the whole queue every step): use "
+                                f"nano_engine.steplog.queue_states(engine.step_log)[i].{short}")
+    with pytest.raises(AttributeError) as e:
+        rec.no_such_field
+    assert str(e.value) == "no_such_field"
