@@ -99,7 +99,7 @@ def plot_timeline(log: Sequence[StepRecord], ax=None, x: str = "steps", title: s
     ax.set_yticks(range(len(tl.request_ids)), [f"req {rid}" for rid in tl.request_ids])
     ax.invert_yaxis()
     ax.set_xlabel("step" if x == "steps" else "time (s)")
-    ax.set_xlim(0, tl.num_steps if x == "steps" else (tl.starts[-1] + tl.durations[-1] if log else 1))
+    ax.set_xlim(0, (tl.num_steps if x == "steps" else tl.starts[-1] + tl.durations[-1]) if log else 1)
     ax.set_title(title or f"{tl.num_steps} steps")
     ax.legend(handles=[Patch(color=c, label=k) for k, c in STATE_COLORS.items()],
               loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)

@@ -5,7 +5,9 @@ population std written out), never by calling the module under test.
 """
 
 import math
+import re
 
+import numpy as np
 import pytest
 
 from nano_engine.benchmark_metrics import (
@@ -144,16 +146,52 @@ def test_to_dict_uses_vllms_result_keys():
     assert calculate_metrics(trace(), 4.0).to_dict()["request_goodput"] is None
 
 
+TABLE = """\
+============ Serving Benchmark Result ============
+Successful requests:                     3
+Failed requests:                         1
+Benchmark duration (s):                  4.00
+Total input tokens:                      20
+Total generated tokens:                  10
+Request throughput (req/s):              0.75
+Request goodput (req/s):                 0.50
+Output token throughput (tok/s):         2.50
+Total token throughput (tok/s):          7.50
+---------------Time to First Token----------------
+Mean TTFT (ms):                          583.33
+Median TTFT (ms):                        500.00
+P50 TTFT (ms):                           500.00
+P90 TTFT (ms):                           900.00
+P99 TTFT (ms):                           990.00
+-----Time per Output Token (excl. 1st token)------
+Mean TPOT (ms):                          229.17
+Median TPOT (ms):                        229.17
+P50 TPOT (ms):                           229.17
+P90 TPOT (ms):                           312.50
+P99 TPOT (ms):                           331.25
+---------------Inter-token Latency----------------
+Mean ITL (ms):                           375.00
+Median ITL (ms):                         375.00
+P50 ITL (ms):                            375.00
+P90 ITL (ms):                            500.00
+P99 ITL (ms):                            500.00
+----------------End-to-end Latency----------------
+Mean E2EL (ms):                          1166.67
+Median E2EL (ms):                        1500.00
+P50 E2EL (ms):                           1500.00
+P90 E2EL (ms):                           1500.00
+P99 E2EL (ms):                           1500.00
+=================================================="""
+
+
 def test_format_metrics_prints_vllms_table():
+    # Every figure is one of the hand-worked ones above: TTFT mean 7/12 s, TPOT (1/3 + 1/8) / 2 s and
+    # its p90 1/8 + 0.9 * (1/3 - 1/8) s, E2EL mean 3.5 / 3 s; labels and rules as vLLM prints them.
     text = format_metrics(calculate_metrics(trace(), 4.0, goodput_slos={"ttft": 500}))
-    lines = text.splitlines()
-    assert lines[0] == "=" * 12 + " Serving Benchmark Result " + "=" * 12
-    assert "Successful requests:".ljust(40) + " 3" in lines
-    assert "Request goodput (req/s):".ljust(40) + " 0.50" in lines
-    assert "P90 TTFT (ms):".ljust(40) + " 900.00" in lines
-    assert "Mean ITL (ms):".ljust(40) + " 375.00" in lines
-    assert lines[-1] == "=" * 50
-    assert "goodput" not in format_metrics(calculate_metrics(trace(), 4.0))
+    assert text == TABLE
+    # Without an SLO the goodput line is left out, and nothing else changes.
+    without = [line for line in TABLE.splitlines() if "goodput" not in line]
+    assert format_metrics(calculate_metrics(trace(), 4.0)).splitlines() == without
 
 
 def test_parse_goodput():
@@ -201,3 +239,114 @@ def test_metrics_is_vllms_dataclass_shape():
     m = calculate_metrics(trace(), 4.0)
     assert isinstance(m, BenchmarkMetrics)
     assert set(m.ttft.percentiles_ms) == {50, 90, 99}
+
+
+def whole(message: str) -> str:
+    return "^" + re.escape(message) + "$"
+
+
+BASE = dict(start=0.0, chunk_times=[0.5], end=1.0, prompt_tokens=1, output_tokens=1)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(start=float("nan")), ValueError, "RequestRecord.start must be a finite number of seconds, got nan"),
+    (dict(end=float("inf")), ValueError, "RequestRecord.end must be a finite number of seconds, got inf"),
+    (dict(start=True), ValueError, "RequestRecord.start must be a finite number of seconds, got True"),
+    (dict(start="0"), ValueError, "RequestRecord.start must be a finite number of seconds, got '0'"),
+    (dict(end=-1.0, chunk_times=[], success=False), ValueError,
+     "RequestRecord.end must be >= start, got end=-1.0 < start=0.0"),
+    (dict(chunk_times="0.5"), TypeError, "RequestRecord.chunk_times must be a list of floats, got str"),
+    (dict(chunk_times=[0.5, float("nan")]), ValueError,
+     "RequestRecord.chunk_times[1] must be a finite number, got nan"),
+    (dict(chunk_times=[0.5, "0.75"]), ValueError,
+     "RequestRecord.chunk_times[1] must be a finite number, got '0.75'"),
+    (dict(chunk_times=[-0.5]), ValueError,
+     "RequestRecord.chunk_times must be sorted and >= start: chunk_times[0]=-0.5 < start"),
+    (dict(chunk_times=[0.5, 0.75, 0.25]), ValueError,
+     "RequestRecord.chunk_times must be sorted and >= start: chunk_times[2]=0.25 < chunk_times[1]=0.75"),
+    (dict(chunk_times=[0.5, 0.75, 2.0]), ValueError, "RequestRecord.chunk_times[-1]=2.0 is after end=1.0"),
+    (dict(prompt_tokens=-1), ValueError, "RequestRecord.prompt_tokens must be an int >= 0, got -1"),
+    (dict(output_tokens=1.0), ValueError, "RequestRecord.output_tokens must be an int >= 0, got 1.0"),
+    (dict(output_tokens=True), ValueError, "RequestRecord.output_tokens must be an int >= 0, got True"),
+    (dict(success=1), TypeError, "RequestRecord.success must be a bool, got 1"),
+    (dict(chunk_times=[]), ValueError,
+     "RequestRecord: a successful request needs at least one chunk time (its TTFT), got none"),
+])
+def test_a_records_error_names_the_field_value_and_rule_whole(kwargs, error, message):
+    with pytest.raises(error, match=whole(message)):
+        RequestRecord(**{**BASE, **kwargs})
+
+
+def test_a_record_takes_edge_values_and_numpy_numbers():
+    # Every bound is inclusive: chunks at start and at end, equal chunk times, zero tokens.
+    RequestRecord(start=1.0, chunk_times=[1.0, 1.0, 2.0], end=2.0, prompt_tokens=0, output_tokens=0)
+    RequestRecord(start=1.0, chunk_times=[], end=1.0, prompt_tokens=0, output_tokens=0, success=False)
+    # numpy scalars are numbers (a client that timestamps with numpy is not refused); a tuple of times too.
+    r = RequestRecord(start=np.float64(0.0), chunk_times=(np.float32(0.5), np.int64(1)), end=np.int64(1),
+                      prompt_tokens=np.int64(3), output_tokens=np.int32(2))
+    assert calculate_metrics([r], duration=np.float64(2.0)).total_input == 3
+
+
+@pytest.mark.parametrize("spec, error, message", [
+    ("ttft=500", ValueError,
+     "goodput: 'ttft=500' is not NAME:MS (a metric name and a number of milliseconds), e.g. 'ttft:500'"),
+    (["ttft:5", 3], ValueError,
+     "goodput: 3 is not NAME:MS (a metric name and a number of milliseconds), e.g. 'ttft:500'"),
+    ("itl:50", ValueError, "goodput SLO name 'itl' is unknown; allowed: ttft, tpot, e2el"),
+    ("ttft:-1", ValueError, "goodput SLO ttft must be a finite number of ms >= 0, got -1.0"),
+    ("e2el:inf", ValueError, "goodput SLO e2el must be a finite number of ms >= 0, got inf"),
+    (5, TypeError, "goodput must be a str or a list of 'NAME:MS' strings, got int"),
+])
+def test_parse_goodput_messages_whole(spec, error, message):
+    with pytest.raises(error, match=whole(message)):
+        parse_goodput(spec)
+
+
+def test_parse_goodput_takes_a_tuple_and_a_zero_slo():
+    assert parse_goodput(("tpot:0", "ttft:1.5")) == {"tpot": 0.0, "ttft": 1.5}
+    assert parse_goodput("") == {}
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(duration=0), ValueError, "duration must be a finite number of seconds > 0, got 0"),
+    (dict(duration=True), ValueError, "duration must be a finite number of seconds > 0, got True"),
+    (dict(duration=float("nan")), ValueError, "duration must be a finite number of seconds > 0, got nan"),
+    (dict(duration=4.0, percentiles=(50, 101)), ValueError,
+     "percentiles must be numbers in 0..100, got 101 in [50, 101]"),
+    (dict(duration=4.0, percentiles=(50, "9")), ValueError,
+     "percentiles must be numbers in 0..100, got '9' in [50, '9']"),
+    (dict(duration=4.0, goodput_slos=[("ttft", 5)]), TypeError,
+     "goodput_slos must be a dict like {'ttft': 500.0}, got list"),
+    (dict(duration=4.0, goodput_slos={"ttft": True}), ValueError,
+     "goodput SLO ttft must be a finite number of ms >= 0, got True"),
+    (dict(duration=4.0, goodput_slos={"ttft": 5, "ITL": 5}), ValueError,
+     "goodput SLO name 'ITL' is unknown; allowed: ttft, tpot, e2el"),
+])
+def test_calculate_metrics_messages_whole(kwargs, error, message):
+    with pytest.raises(error, match=whole(message)):
+        calculate_metrics(trace(), **kwargs)
+
+
+def test_calculate_metrics_names_the_record_that_is_not_one():
+    with pytest.raises(TypeError, match=whole("records[1] must be a RequestRecord, got dict")):
+        calculate_metrics([trace()[0], {"start": 0}], 4.0)
+    recs = trace()
+    recs[1].output_tokens = -2
+    with pytest.raises(ValueError, match=whole("records[1].output_tokens must be an int >= 0, got -2")):
+        calculate_metrics(recs, 4.0)
+
+
+def test_a_two_token_request_has_a_tpot():
+    # The smallest request with a TPOT: its one gap after the first token, over 2 - 1 tokens.
+    r = RequestRecord(start=0.0, chunk_times=[0.25, 1.0], end=1.0, prompt_tokens=1, output_tokens=2)
+    assert calculate_metrics([r], 1.0).tpot.mean_ms == approx(750)
+
+
+def test_to_dict_carries_every_statistic_and_float_percentiles_keep_their_name():
+    m = calculate_metrics(trace(), 4.0, percentiles=(50.0, 99.5))
+    d = m.to_dict()
+    for name in ("ttft", "tpot", "itl", "e2el"):
+        s = getattr(m, name)
+        assert (d[f"mean_{name}_ms"], d[f"median_{name}_ms"], d[f"std_{name}_ms"]) == (s.mean_ms, s.median_ms, s.std_ms)
+        assert (d[f"p50_{name}_ms"], d[f"p99.5_{name}_ms"]) == (s.percentiles_ms[50.0], s.percentiles_ms[99.5])
+    assert d["median_ttft_ms"] == approx(500) and d["std_itl_ms"] == approx(125)

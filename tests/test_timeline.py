@@ -143,3 +143,187 @@ def test_the_old_queue_copies_say_where_they_went():
     with pytest.raises(AttributeError) as e:
         rec.no_such_field
     assert str(e.value) == "no_such_field"
+
+
+def hand_log():
+    """Three hand-made records (no engine): 'a' prefills then decodes, 'b' waits, is admitted, is
+    preempted and recomputes; times start at 10 s so that the timeline's own clock starts at 0."""
+    from nano_engine.steplog import StepRecord
+
+    return [StepRecord(step=0, start=10.0, duration=0.5, scheduled=[("a", 4, "prefill")], preempted=[],
+                       finished=[], num_free_blocks=3, num_waiting=1, num_running=1, added=["a", "b"]),
+            StepRecord(step=1, start=10.5, duration=0.25, scheduled=[("a", 1, "decode"), ("b", 2, "prefill")],
+                       preempted=[], finished=[], num_free_blocks=1, num_waiting=0, num_running=2),
+            StepRecord(step=2, start=11.0, duration=1.0, scheduled=[("a", 1, "decode")], preempted=["b"],
+                       finished=["a"], num_free_blocks=3, num_waiting=1, num_running=0),
+            StepRecord(step=4, start=12.5, duration=0.5, scheduled=[("b", 2, "recompute")], preempted=[],
+                       finished=[], num_free_blocks=2, num_waiting=0, num_running=1)]
+
+
+def test_timeline_of_a_hand_made_log():
+    tl = timeline(hand_log())
+    assert tl.request_ids == ["a", "b"] and tl.num_steps == 4
+    assert tl.states == [["prefill", "decode", "decode", None],
+                         ["waiting", "prefill", "preempted", "recompute"]]
+    assert tl.starts == [0.0, 0.5, 1.0, 2.5] and tl.durations == [0.5, 0.25, 1.0, 0.5]
+    assert state_counts(tl) == {"prefill": 2, "decode": 2, "recompute": 1, "preempted": 1, "stalled": 0,
+                                "waiting": 1}
+    empty = timeline([])
+    assert (empty.request_ids, empty.states, empty.starts, empty.num_steps) == ([], [], [], 0)
+    assert state_counts(empty) == dict.fromkeys(STATE_COLORS, 0)
+
+
+def test_a_running_request_given_no_tokens_is_stalled():
+    from nano_engine.steplog import StepRecord
+
+    log = hand_log()[:2] + [StepRecord(step=2, start=11.0, duration=1.0, scheduled=[("a", 1, "decode")],
+                                       preempted=[], finished=[], num_free_blocks=1, num_waiting=0,
+                                       num_running=2)]
+    assert timeline(log).states[1] == ["waiting", "prefill", "stalled"]
+
+
+def bars(ax):
+    """Per row of the axis (top to bottom as drawn): [(x, width, y0, height, colour)] of its cells."""
+    out = []
+    for coll in ax.collections:
+        colour = matplotlib.colors.to_hex(coll.get_facecolor()[0])
+        for path in coll.get_paths():
+            (x0, y0), (x1, y1) = path.vertices.min(0), path.vertices.max(0)
+            out.append((round(x0, 6), round(x1 - x0, 6), round(y0, 6), round(y1 - y0, 6), colour))
+    return sorted(out)
+
+
+def test_plot_draws_each_cell_where_its_step_is():
+    import matplotlib.pyplot as plt
+
+    c = STATE_COLORS
+    ax = plot_timeline(hand_log())
+    assert bars(ax) == sorted([
+        (0, 1, -0.4, 0.8, c["prefill"]), (1, 1, -0.4, 0.8, c["decode"]), (2, 1, -0.4, 0.8, c["decode"]),
+        (0, 1, 0.6, 0.8, c["waiting"]), (1, 1, 0.6, 0.8, c["prefill"]), (2, 1, 0.6, 0.8, c["preempted"]),
+        (3, 1, 0.6, 0.8, c["recompute"])])
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["req a", "req b"]
+    assert list(ax.get_yticks()) == [0, 1] and ax.yaxis_inverted()
+    assert (ax.get_xlabel(), ax.get_xlim(), ax.get_title()) == ("step", (0, 4), "4 steps")
+    assert tuple(ax.figure.get_size_inches()) == pytest.approx((8, 0.35 * 2 + 1.2))
+    legend = ax.get_legend()
+    assert [matplotlib.colors.to_hex(h.get_facecolor()) for h in legend.legend_handles] == list(c.values())
+    plt.close(ax.figure)
+
+    # In seconds each cell spans its step's own time, from the first step's start.
+    ax = plot_timeline(hand_log(), x="seconds", title="mine")
+    assert bars(ax) == sorted([
+        (0, 0.5, -0.4, 0.8, c["prefill"]), (0.5, 0.25, -0.4, 0.8, c["decode"]), (1, 1, -0.4, 0.8, c["decode"]),
+        (0, 0.5, 0.6, 0.8, c["waiting"]), (0.5, 0.25, 0.6, 0.8, c["prefill"]), (1, 1, 0.6, 0.8, c["preempted"]),
+        (2.5, 0.5, 0.6, 0.8, c["recompute"])])
+    assert (ax.get_xlabel(), ax.get_xlim(), ax.get_title()) == ("time (s)", (0, 3.0), "mine")
+    plt.close(ax.figure)
+
+    # On an axis passed in, the timeline is drawn there.
+    fig, given = plt.subplots()
+    assert plot_timeline(hand_log(), ax=given) is given and len(given.collections) == 6
+    plt.close(fig)
+    with pytest.raises(ValueError, match=r"^x='step' must be 'steps' or 'seconds'$"):
+        plot_timeline(hand_log(), x="step")
+    # An empty log draws an empty axis from 0 to 1, on either scale (not a singular 0..0 one).
+    for x in ("steps", "seconds"):
+        ax = plot_timeline([], x=x)
+        assert (ax.get_xlim(), ax.get_title(), len(ax.collections)) == ((0, 1), "0 steps", 0)
+        plt.close(ax.figure)
+
+
+def test_compare_figure_shares_the_longest_run():
+    import matplotlib.pyplot as plt
+
+    short = hand_log()[:2]
+    fig = compare_figure({"long": hand_log(), "short": short, "none": []})
+    assert [ax.get_title() for ax in fig.axes] == ["long: 4 steps", "short: 2 steps", "none: 0 steps"]
+    assert [ax.get_xlabel() for ax in fig.axes] == ["", "", "step"]
+    assert [ax.get_xlim() for ax in fig.axes] == [(0, 4)] * 3
+    assert tuple(fig.get_size_inches()) == pytest.approx((9, 3 * (0.3 * 2 + 1.0)))
+    plt.close(fig)
+    fig = compare_figure({"short": short, "long": hand_log()}, x="seconds")
+    assert [ax.get_xlim() for ax in fig.axes] == [(0, 3.0)] * 2  # 12.5 + 0.5 - 10
+    assert [ax.get_xlabel() for ax in fig.axes] == ["", "time (s)"]
+    plt.close(fig)
+
+
+def test_widget_summary_and_axis_switch():
+    calls = []
+
+    def runner(settings, budget):
+        calls.append((settings, budget))
+        if budget == 3:
+            raise ValueError("too small")
+        return hand_log()
+
+    methods = {"m1": {"policy": "fcfs"}, "m2": {"policy": "priority"}}
+    tw = TimelineWidget(runner, budgets=[3, 5, 7, 9], methods=methods)
+    assert tw.budget.value == 7 and tw.method.options == ("m1", "m2") and tw.axis.value == "steps"
+    assert tw.summary.value == "<b>m1</b>, budget 7: 4 steps, 1 preemptions, 1 request-steps waiting"
+    assert calls == [({"policy": "fcfs"}, 7)]
+    steps_png = bytes(tw.image.value)
+    tw.axis.value = "seconds"
+    assert bytes(tw.image.value) not in (steps_png, b"") and len(calls) == 1  # redrawn from the cache
+    tw.method.value = "m2"
+    assert calls[-1] == ({"policy": "priority"}, 7)
+    tw.budget.value = 3
+    assert tw.summary.value == "<b>m2</b>, budget 3: cannot run: too small" and bytes(tw.image.value) == b""
+    assert tw.log("m1", 9) is tw.log("m1", 9) and calls[-1] == ({"policy": "fcfs"}, 9)
+    assert TimelineWidget(runner, budgets=[5, 7], x="seconds").axis.value == "seconds"
+
+
+def test_the_legend_sits_outside_the_axis_at_its_top_right():
+    import matplotlib.pyplot as plt
+
+    ax = plot_timeline(hand_log())
+    legend = ax.get_legend()
+    assert legend._loc == matplotlib.legend.Legend.codes["upper left"]
+    assert legend.get_bbox_to_anchor().bounds[:2] == tuple(ax.transAxes.transform((1.0, 1.0)))
+    assert not legend.get_frame_on() and {t.get_fontsize() for t in legend.get_texts()} == {8}
+    plt.close(ax.figure)
+
+
+def test_compare_figure_of_one_run_and_of_empty_runs():
+    import matplotlib.pyplot as plt
+
+    fig = compare_figure({"only": hand_log()})
+    assert [(ax.get_title(), ax.get_xlabel(), ax.get_xlim()) for ax in fig.axes] == [("only: 4 steps", "step", (0, 4))]
+    plt.close(fig)
+    fig = compare_figure({"none": [], "nothing": []}, x="seconds")
+    assert [ax.get_xlim() for ax in fig.axes] == [(0, 1)] * 2
+    plt.close(fig)
+
+
+def png_facts(png: bytes) -> tuple[int, int, float]:
+    """(width, height, dots per inch) from a PNG's IHDR and pHYs chunks."""
+    import struct
+
+    width, height = struct.unpack(">II", png[16:24])
+    at = png.index(b"pHYs") + 4
+    per_metre, _, unit = struct.unpack(">IIB", png[at:at + 9])
+    assert unit == 1  # metres
+    return width, height, per_metre * 0.0254
+
+
+def test_widget_controls_and_its_figure(monkeypatch):
+    import matplotlib.pyplot as plt
+
+    closed = []
+    real_close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig: (closed.append(fig), real_close(fig)))
+    tw = TimelineWidget(lambda settings, budget: hand_log(), budgets=[4, 8], methods={"m": {}})
+    assert [c.description for c in (tw.method, tw.budget, tw.axis)] == ["method", "token budget", "x axis"]
+    assert tw.budget.continuous_update is False  # a slider drag runs the engine once, on release
+    assert tw.widget.children == (tw.method, tw.budget, tw.axis, tw.summary, tw.image)
+    assert tw.image.format == "png"
+    # The figure drawn is closed (the Image widget shows it), titled with the method and budget,
+    # and saved at 80 dpi cropped to what was drawn (the legend outside the axis included).
+    (fig,) = closed
+    assert fig.axes[0].get_title() == "m, budget 8"
+    width, height, dpi = png_facts(bytes(tw.image.value))
+    assert dpi == pytest.approx(80, abs=0.05)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    tight = fig.get_tightbbox(FigureCanvasAgg(fig).get_renderer())  # closed: give it a canvas again
+    assert abs(height - (tight.height + 2 * 0.1) * 80) <= 1  # savefig pads a tight box by 0.1 inch
