@@ -288,6 +288,7 @@ def test_tiny_model_arguments():
         (dict(dtype=torch.int64), TypeError, r"dtype=torch.int64 must be a floating-point torch.dtype"),
         (dict(vocab_size=0), ValueError, r"vocab_size=0 must be an integer >= 2"),
         (dict(num_layers=True), TypeError, r"num_layers=True must be an integer, not a bool"),
+        (dict(num_layers=0), ValueError, r"^num_layers=0 must be an integer >= 1$"),
         (dict(qk_norm="yes"), TypeError, r"qk_norm='yes' must be True or False"),
         (dict(eos_token_id=64), ValueError, r"eos_token_id=64 must be an integer in \[0, 63\]"),
     ]:
@@ -350,3 +351,185 @@ def test_a_failing_step_finishes_only_its_own_requests(tiny, monkeypatch):
         engine.step()
     alone = LLMEngine(tiny).generate([[4, 5, 6]], SamplingParams(max_tokens=3))[0]
     assert engine.requests[b].output_ids == alone.output_ids
+
+
+# ----- nano_engine.checks, the rules every entry above uses, message by message -----
+def whole(message: str) -> str:
+    import re
+
+    return "^" + re.escape(message) + "$"
+
+
+C = checks
+CHECK_MESSAGES = [
+    (C.integer, ("n", True), TypeError, "n=True must be an integer, not a bool"),
+    (C.integer, ("n", np.bool_(True)), TypeError, "n=np.True_ must be an integer, not a bool"),
+    (C.integer, ("n", torch.tensor(True)), TypeError, "n=tensor(True) must be an integer, not a bool"),
+    (C.integer, ("n", torch.tensor([1, 2])), TypeError,
+     "n=tensor([1, 2]) must be an integer, got a tensor of shape (2,) and dtype torch.int64"),
+    (C.integer, ("n", torch.tensor(1.0)), TypeError,
+     "n=tensor(1.) must be an integer, got a tensor of shape () and dtype torch.float32"),
+    (C.integer, ("n", 1.5), TypeError, "n=1.5 must be an integer, got float"),
+    (C.integer, ("n", 5, 1, 4), ValueError, "n=5 must be an integer in [1, 4]"),
+    (C.integer, ("n", 0, 1, 4), ValueError, "n=0 must be an integer in [1, 4]"),
+    (C.integer, ("n", 0, 1), ValueError, "n=0 must be an integer >= 1"),
+    (C.integer, ("n", 9, None, 4), ValueError, "n=9 must be an integer <= 4"),
+    (C.number, ("x", True), TypeError, "x=True must be a real number, got a bool"),
+    (C.number, ("x", np.bool_(False)), TypeError, "x=np.False_ must be a real number, got a bool"),
+    (C.number, ("x", "1"), TypeError, "x='1' must be a real number, got str"),
+    (C.number, ("x", float("nan")), ValueError, "x=nan must be a finite number"),
+    (C.number, ("x", float("-inf"), 0), ValueError, "x=-inf must be a finite number"),
+    (C.number, ("x", 0.0, 0.0, 1.0, True), ValueError, "x=0.0 must be a number in (0.0, 1.0]"),
+    (C.number, ("x", 2, 0, 1), ValueError, "x=2 must be a number in [0, 1]"),
+    (C.number, ("x", -1, 0), ValueError, "x=-1 must be a number >= 0"),
+    (C.number, ("x", 0, 0, None, True), ValueError, "x=0 must be a number > 0"),
+    (C.number, ("x", 5, None, 4), ValueError, "x=5 must be a number <= 4"),
+    (C.flag, ("f", 1), TypeError, "f=1 must be True or False, got int"),
+    (C.flag, ("f", "no"), TypeError, "f='no' must be True or False, got str"),
+    (C.choice, ("p", "x", ["a", "b"]), ValueError, "p='x' is not one of ('a', 'b')"),
+    (C.choice, ("p", 1, ["a"]), ValueError, "p=1 is not one of ('a',)"),
+    (C.token_ids, ("ids", "abc"), TypeError,
+     "ids must be a sequence of token ids (ints) or a 1-D integer tensor, got str"),
+    (C.token_ids, ("ids", b"a"), TypeError,
+     "ids must be a sequence of token ids (ints) or a 1-D integer tensor, got bytes"),
+    (C.token_ids, ("ids", None), TypeError,
+     "ids must be a sequence of token ids (ints) or a 1-D integer tensor, got NoneType"),
+    (C.token_ids, ("ids", 5), TypeError,
+     "ids must be a sequence of token ids (ints) or a 1-D integer tensor, got int"),
+    (C.token_ids, ("ids", torch.zeros(2, 2, dtype=torch.long)), TypeError,
+     "ids must be a 1-D integer tensor or array, got shape (2, 2) and dtype torch.int64"),
+    (C.token_ids, ("ids", torch.zeros(2)), TypeError,
+     "ids must be a 1-D integer tensor or array, got shape (2,) and dtype torch.float32"),
+    (C.token_ids, ("ids", torch.zeros(2, dtype=torch.complex64)), TypeError,
+     "ids must be a 1-D integer tensor or array, got shape (2,) and dtype torch.complex64"),
+    (C.token_ids, ("ids", torch.tensor([True])), TypeError,
+     "ids must be a 1-D integer tensor or array, got shape (1,) and dtype torch.bool"),
+    (C.token_ids, ("ids", np.zeros(2)), TypeError,
+     "ids must be a 1-D integer tensor or array, got shape (2,) and dtype float64"),
+    (C.token_ids, ("ids", np.zeros((1, 2), dtype=np.int64)), TypeError,
+     "ids must be a 1-D integer tensor or array, got shape (1, 2) and dtype int64"),
+    (C.token_ids, ("ids", [1, 2.0]), TypeError, "ids[1]=2.0 must be an integer, got float"),
+    (C.token_ids, ("ids", [1, 9], 9), ValueError, "ids[1]=9 is outside the vocabulary [0, 9)"),
+    (C.token_ids, ("ids", [-1], 9), ValueError, "ids[0]=-1 is outside the vocabulary [0, 9)"),
+    (C.token_ids, ("ids", torch.tensor([3, 4]), 4), ValueError, "ids[1]=4 is outside the vocabulary [0, 4)"),
+    (C.instance, ("x", 1, str, "a str"), TypeError, "x must be a str, got int"),
+    (C.request_id, (1,), TypeError, "request_id=1 must be a str (request ids are strings, as in vLLM), got int"),
+    (C.request_id, ("",), ValueError, "request_id='' must be a non-empty string"),
+    (C.cache_salt, (3,), TypeError, "cache_salt=3 must be a str or None, got int"),
+    (C.cache_salt, ("",), ValueError, "cache_salt='' must be a non-empty string (or None: no salt)"),
+    (C.prompt_batch, ("ab", None, SamplingParams), TypeError,
+     "prompts must be a list of prompts (each a list of token ids or a 1-D integer tensor), got str"),
+    (C.prompt_batch, (b"ab", None, SamplingParams), TypeError,
+     "prompts must be a list of prompts (each a list of token ids or a 1-D integer tensor), got bytes"),
+    (C.prompt_batch, (5, None, SamplingParams), TypeError,
+     "prompts must be a list of prompts (each a list of token ids or a 1-D integer tensor), got int"),
+    (C.prompt_batch, (torch.zeros(3, dtype=torch.long), None, SamplingParams), TypeError,
+     "prompts as a tensor must be 2-D (one prompt per row), got shape (3,)"),
+    (C.prompt_batch, (np.zeros((1, 2, 2), dtype=np.int64), None, SamplingParams), TypeError,
+     "prompts as a tensor must be 2-D (one prompt per row), got shape (1, 2, 2)"),
+    (C.prompt_batch, ([1, 2], None, SamplingParams), TypeError,
+     "prompts must be a list of prompts, got a list of ints: for one prompt, pass [prompt_ids]"),
+    (C.prompt_batch, ([np.int64(1)], None, SamplingParams), TypeError,
+     "prompts must be a list of prompts, got a list of ints: for one prompt, pass [prompt_ids]"),
+    (C.prompt_batch, ([[1]], "x", SamplingParams), TypeError,
+     "sampling_params must be a SamplingParams, a list of them (one per prompt) or None, got str"),
+    (C.prompt_batch, ([[1]], 5, SamplingParams), TypeError,
+     "sampling_params must be a SamplingParams, a list of them (one per prompt) or None, got int"),
+    (C.prompt_batch, ([[1], [2]], [SamplingParams()], SamplingParams), ValueError,
+     "1 sampling params for 2 prompts"),
+    (C.prompt_batch, ([[1], [2]], [None, 3], SamplingParams), TypeError,
+     "sampling_params[1] must be a SamplingParams, got int"),
+]
+
+
+@pytest.mark.parametrize("check, args, error, message", CHECK_MESSAGES,
+                         ids=[f"{c.__name__}-{i}" for i, (c, *_) in enumerate(CHECK_MESSAGES)])
+def test_each_check_names_the_value_and_what_is_allowed_whole(check, args, error, message):
+    with pytest.raises(error, match=whole(message)):
+        check(*args)
+
+
+def test_checks_return_plain_python_values_and_bounds_are_inclusive():
+    for value in (3, np.int8(3), torch.tensor(3)):
+        v = checks.integer("n", value, minimum=3, maximum=3)
+        assert v == 3 and type(v) is int
+    v = checks.number("x", np.float32(0.5), 0.5, 0.5)
+    assert v == 0.5 and type(v) is float
+    assert checks.number("x", 1, 0, 1, exclusive_minimum=True) == 1.0  # only the minimum is exclusive
+    assert checks.number("x", 1e-300, 0, exclusive_minimum=True) == 1e-300
+    assert checks.flag("f", np.bool_(False)) is False and checks.flag("f", True) is True
+    assert checks.choice("p", "b", ["a", "b"]) == "b"
+    for ids in ([1, 8], (1, 8), np.array([1, 8]), torch.tensor([1, 8]), range(1, 9, 7), iter([1, 8])):
+        out = checks.token_ids("ids", ids, vocab_size=9)
+        assert out == [1, 8] and all(type(t) is int for t in out)
+    assert checks.token_ids("ids", torch.tensor([0, 3], dtype=torch.int8), vocab_size=4) == [0, 3]
+    assert checks.token_ids("ids", [10**6]) == [10**6]  # no vocabulary given: no upper bound
+    assert checks.instance("x", "s", (int, str), "an int or a str") == "s"
+    assert checks.request_id("r") == "r" and checks.cache_salt("s") == "s" and checks.cache_salt(None) is None
+    sp = SamplingParams()
+    assert checks.prompt_batch([[1], [2]], None, SamplingParams) == [None, None]
+    assert checks.prompt_batch([[1], [2]], sp, SamplingParams) == [sp, sp]
+    assert checks.prompt_batch(torch.zeros(2, 3, dtype=torch.long), (None, sp), SamplingParams) == [None, sp]
+    assert checks.prompt_batch([], None, SamplingParams) == []
+
+
+def test_memory_available_reads_meminfo_and_falls_back_to_sysconf(monkeypatch, tmp_path):
+    import builtins
+    import os
+
+    real_open = builtins.open
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       1000 kB\nMemFree:         300 kB\nMemAvailable:    700 kB\n")
+    monkeypatch.setattr(builtins, "open", lambda p, *a, **k: real_open(meminfo if p == "/proc/meminfo" else p, *a, **k))
+    assert checks.memory_available() == 700 * 1024  # MemAvailable, not MemFree or MemTotal
+
+    def no_file(p, *a, **k):
+        raise FileNotFoundError(p)
+    monkeypatch.setattr(builtins, "open", no_file)
+    sizes = {"SC_AVPHYS_PAGES": 5, "SC_PAGE_SIZE": 4096}
+    monkeypatch.setattr(os, "sysconf", lambda name: sizes[name])
+    assert checks.memory_available() == 5 * 4096
+    monkeypatch.setattr(os, "sysconf", lambda name: (_ for _ in ()).throw(ValueError(name)))
+    assert checks.memory_available() is None
+    meminfo.write_text("MemTotal:       1000 kB\n")  # no MemAvailable line (an old kernel): sysconf
+    monkeypatch.setattr(builtins, "open", lambda p, *a, **k: real_open(meminfo if p == "/proc/meminfo" else p, *a, **k))
+    monkeypatch.setattr(os, "sysconf", lambda name: sizes[name])
+    assert checks.memory_available() == 5 * 4096
+
+
+def test_fits_in_memory_message_whole_and_its_limit(monkeypatch):
+    monkeypatch.setattr(checks, "memory_available", lambda: 2**30)
+    checks.fits_in_memory("kv", int(0.9 * 2**30))  # at the limit: fine
+    checks.fits_in_memory("kv", 2**30, fraction=1.0)
+    checks.fits_in_memory("kv", 2**29, fraction=0.5)  # exactly the fraction: fine (refused only above it)
+    with pytest.raises(ValueError, match=whole(
+            "kv needs 1,000,000,000 bytes (0.93 GiB), more than 90% of the 1,073,741,824 bytes (1.00 GiB) "
+            "this machine has available")):
+        checks.fits_in_memory("kv", 10**9)
+    with pytest.raises(ValueError, match=r"^kv needs 600,000,000 bytes \(0\.56 GiB\), more than 50% of the "):
+        checks.fits_in_memory("kv", 6 * 10**8, fraction=0.5)
+    monkeypatch.setattr(checks, "memory_available", lambda: None)
+    checks.fits_in_memory("kv", 10**15)  # nothing known about the machine: not refused
+
+
+def test_tiny_model_is_the_documented_shape_seeded_and_in_eval_mode():
+    from dataclasses import asdict
+
+    m = tiny_model()
+    assert asdict(m.config) == {
+        "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0, "rope_scaling": None, "max_position_embeddings": 4096,
+        "tie_word_embeddings": False, "attention_bias": False, "qk_norm": False, "eos_token_id": 0,
+        "model_type": "llama"}
+    assert not m.training and all(p.dtype == torch.float64 for p in m.parameters())
+    q = tiny_model(seed=SEED_MIN, dtype=torch.float32, vocab_size=2, num_layers=1, qk_norm=True, eos_token_id=1)
+    assert (q.config.model_type, q.config.qk_norm, q.config.eos_token_id, q.config.vocab_size) == ("qwen3", True, 1, 2)
+    assert q.config.num_hidden_layers == 1 and all(p.dtype == torch.float32 for p in q.parameters())
+    tiny_model(seed=SEED_MAX)  # both ends of the seed range are seeds
+    # Weights are N(0, 0.3^2) from the seed: the same seed gives the same model, another seed another.
+    flat = torch.cat([p.flatten() for p in m.parameters()])
+    assert flat.std().item() == pytest.approx(0.3, rel=0.05) and abs(flat.mean().item()) < 0.01
+    same = torch.cat([p.flatten() for p in tiny_model(seed=0).parameters()])
+    other = torch.cat([p.flatten() for p in tiny_model(seed=1).parameters()])
+    assert torch.equal(flat, same) and not torch.equal(flat, other)

@@ -91,3 +91,97 @@ def test_vllm_args_cli_prints_the_command_and_refuses_what_vllm_lacks(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "nano_engine", "vllm-args", "--scheduling-policy", "static"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "no vLLM counterpart" in bad.stderr.strip().splitlines()[-1]
+
+
+def test_vllm_args_in_process_prints_the_command_and_names_its_program(tmp_path, capsys, monkeypatch):
+    from nano_engine import vllm_bridge
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    save_hf_folder(folder)
+    assert vllm_bridge.main(["--model", str(folder), "--max-num-batched-tokens", "96", "--port", "8123",
+                             "--host", "127.0.0.2", "--served-model-name", "mine"]) == 0
+    out = capsys.readouterr()
+    assert out.out.splitlines() == [" ".join(vllm_command(EngineConfig(max_num_batched_tokens=96), str(folder),
+                                                          dtype="float32", host="127.0.0.2", port=8123,
+                                                          served_model_name="mine"))]
+    assert vllm_bridge.main(["--model", str(folder), "--scheduling-policy", "conservative"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("usage: python -m nano_engine vllm-args ")
+    assert err[-1].startswith("python -m nano_engine vllm-args: error: policy='conservative' has no vLLM counterpart")
+    monkeypatch.setenv("COLUMNS", "200")  # argparse wraps the description to the terminal
+    assert vllm_bridge.main(["--help"]) == 0
+    assert ("\n\nPrint the vLLM command line that serves the same model with the same settings.\n\n"
+            in capsys.readouterr().out)
+
+
+def test_a_gguf_file_is_served_to_vllm_from_its_dequantized_folder(tmp_path, monkeypatch):
+    """vLLM reads a folder: a GGUF file's is the cache folder nano_engine dequantizes it into; each of
+    its weights and its tokenizer is written only when missing (the writers are spies here: the tiny
+    GGUF of these tests has no tokenizer, and the real conversion has tests of its own)."""
+    from nano_engine import loading, vllm_bridge
+    from tiny_files import write_gguf
+
+    monkeypatch.setenv("NANO_ENGINE_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path)
+    folder = loading.cache_dir(path)
+    calls = []
+
+    def writer(what, name):
+        def write(p):
+            calls.append((what, p))
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text("{}")
+        return write
+    monkeypatch.setattr(loading, "load_checkpoint", writer("weights", "model.safetensors"))
+    monkeypatch.setattr(loading, "load_tokenizer", writer("tokenizer", "tokenizer_config.json"))
+    assert vllm_bridge._hf_folder(tmp_path) == tmp_path and calls == []  # a folder is passed on as it is
+    assert vllm_bridge._hf_folder(path) == folder
+    assert calls == [("weights", path), ("tokenizer", path)]
+    assert vllm_bridge._hf_folder(path) == folder and len(calls) == 2  # both there: nothing written
+    (folder / "tokenizer_config.json").unlink()
+    assert vllm_bridge._hf_folder(path) == folder and calls[2:] == [("tokenizer", path)]
+    (folder / "model.safetensors").unlink()
+    assert vllm_bridge._hf_folder(path) == folder and calls[3:] == [("weights", path)]
+
+
+def test_the_readme_holds_the_settings_table_as_generated():
+    table = settings_table()
+    assert table.splitlines()[:2] == [
+        "| nano_engine | vLLM | vLLM default, GPU server | vLLM default, CPU server | SGLang nearest |",
+        "| --- | --- | --- | --- | --- |"]
+    s = SETTINGS[0]
+    assert table.splitlines()[2] == f"| `{s.ours}` | `--max-num-batched-tokens` | {s.vllm_gpu} | {s.vllm_cpu} | {s.sglang} |"
+    assert table in (ROOT / "README.md").read_text()  # regenerate the README's copy when a row changes
+
+
+def test_the_whole_command_with_every_option():
+    cfg = EngineConfig(max_num_batched_tokens=64, max_num_seqs=4, enable_chunked_prefill=False, block_size=32,
+                       num_blocks=10, policy="priority")
+    assert vllm_command(cfg, "/m", dtype="fp16", max_model_len=512, host="127.0.0.3", port=9001,
+                        served_model_name="smol") == [
+        "python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--host", "127.0.0.3",
+        "--port", "9001", "--served-model-name", "smol", "--max-num-batched-tokens", "64", "--max-num-seqs", "4",
+        "--no-enable-chunked-prefill", "--enable-prefix-caching", "--block-size", "32",
+        "--num-gpu-blocks-override", "10", "--scheduling-policy", "priority", "--no-scheduler-reserve-full-isl",
+        "--dtype", "float16", "--max-model-len", "512"]
+    assert vllm_command(EngineConfig(), "/m")[5:7] == ["--host", "127.0.0.1"]  # loopback unless asked
+    assert "--served-model-name" not in vllm_command(EngineConfig(), "/m")
+
+
+def test_to_vllm_dtype_names_and_refusals_whole():
+    for ours, theirs in [("fp32", "float32"), ("bf16", "bfloat16"), ("fp16", "float16"), ("float16", "float16"),
+                         ("float32", "float32"), ("bfloat16", "bfloat16")]:
+        assert to_vllm(EngineConfig(), dtype=ours)["dtype"] == theirs
+    assert "dtype" not in to_vllm(EngineConfig()) and "max_model_len" not in to_vllm(EngineConfig())
+    with pytest.raises(ValueError) as e:
+        to_vllm(EngineConfig(), dtype="fp64")
+    assert str(e.value) == "dtype='fp64': vLLM runs float32, bfloat16, float16 (float64 is ours only, for checking exactness)"
+    with pytest.raises(TypeError) as e:
+        to_vllm({"max_num_seqs": 4})
+    assert str(e.value) == "config must be an EngineConfig, got dict"
+    with pytest.raises(ValueError) as e:
+        to_vllm(EngineConfig(policy="static"))
+    assert str(e.value) == ("policy='static' has no vLLM counterpart (vLLM's scheduling_policy is one of "
+                            "('fcfs', 'priority')); static exists here to compare with SGLang and with static batching")
