@@ -427,3 +427,69 @@ def test_serve_cli_passes_the_attention_backend_to_the_engine(monkeypatch):
     for flags, want in (([], "torch"), (["--attention-backend", "c"], "c")):
         assert serve_cli.main(["--port", "0", *flags]) == 0
         assert backends.pop() == want
+
+
+# ----- protocol.py on its own: what each refused field says, whole -----
+def _protocol_cases():
+    from nano_engine.protocol import ChatCompletionRequest as Chat, CompletionRequest as Comp
+
+    c, m = {"prompt": "hi"}, {"messages": [{"role": "user", "content": "x"}]}
+    return [
+        (Comp, {**c, "best_of": 2}, "best_of", "best_of=2 is not supported by this server (leave it unset)"),
+        (Comp, {**c, "echo": True}, "echo", "echo=True is not supported by this server (leave it unset)"),
+        (Comp, {**c, "suffix": "s"}, "suffix", "suffix='s' is not supported by this server (leave it unset)"),
+        (Chat, {**m, "tools": [{"a": 1}]}, "tools", "tools=[{'a': 1}] is not supported by this server (leave it unset)"),
+        (Comp, {**c, "stream_options": {"include_usage": True}}, "stream_options",
+         "stream_options can only be set when stream is true"),
+        (Comp, {**c, "n": 2}, "n", "n=2 is not supported: this server returns one choice per request (n=1)"),
+        (Comp, {**c, "logprobs": 21}, "logprobs", "logprobs=21 must be in [0, 20]"),
+        (Comp, {**c, "logprobs": -1}, "logprobs", "logprobs=-1 must be in [0, 20]"),
+        (Chat, {**m, "top_logprobs": 21, "logprobs": True}, "top_logprobs", "top_logprobs=21 must be in [0, 20]"),
+        (Chat, {**m, "top_logprobs": -1, "logprobs": True}, "top_logprobs", "top_logprobs=-1 must be in [0, 20]"),
+        (Chat, {**m, "top_logprobs": 2}, "top_logprobs", "top_logprobs=2 needs logprobs=true"),
+        (Comp, {**c, "top_logprobs": 2}, "top_logprobs",
+         "top_logprobs is a chat parameter: completions take logprobs=<int>"),
+        (Chat, {**m, "response_format": {"type": "json_object"}}, "response_format",
+         "response_format={'type': 'json_object'} is not supported (only {'type': 'text'})"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(13))
+def test_check_supported_refuses_by_name_whole(case):
+    from nano_engine.protocol import APIError, check_supported
+
+    cls, body, param, message = _protocol_cases()[case]
+    with pytest.raises(APIError) as e:
+        check_supported(cls(**body))
+    assert (e.value.message, e.value.param, e.value.status, str(e.value)) == (message, param, 400, message)
+    assert e.value.body() == {"error": {"message": message, "type": "BadRequestError", "param": param, "code": 400}}
+
+
+def test_check_supported_takes_the_defaults_and_the_bounds():
+    from nano_engine.protocol import ChatCompletionRequest as Chat, CompletionRequest as Comp, check_supported
+
+    c, m = {"prompt": "hi"}, {"messages": [{"role": "user", "content": "x"}]}
+    for cls, body in [(Comp, {**c, "best_of": 1}), (Comp, {**c, "suffix": ""}), (Comp, {**c, "echo": False}),
+                      (Chat, {**m, "tools": []}), (Comp, {**c, "stream": True, "stream_options": {}}),
+                      (Comp, {**c, "logprobs": 0}), (Comp, {**c, "logprobs": 20}),
+                      (Chat, {**m, "top_logprobs": 0}), (Chat, {**m, "top_logprobs": 20, "logprobs": True}),
+                      (Chat, {**m, "response_format": {"type": "text"}}), (Chat, {**m, "unknown_extra": 1})]:
+        check_supported(cls(**body))
+
+
+def test_api_error_body_param_of_and_validation_error():
+    from nano_engine.protocol import APIError, param_of, validation_error
+
+    e = APIError("no such model", "model", 404, "NotFoundError", "model_not_found")
+    assert e.body() == {"error": {"message": "no such model", "type": "NotFoundError", "param": "model",
+                                  "code": "model_not_found"}}
+    assert APIError("x").body() == {"error": {"message": "x", "type": "BadRequestError", "param": None, "code": 400}}
+    assert param_of(ValueError("max_tokens=0 must be an integer >= 1")) == "max_tokens"
+    assert param_of(ValueError("temperature=-1 must be")) == "temperature"
+    assert param_of(ValueError("max_tokens=0"), {"max_tokens": "max_completion_tokens"}) == "max_completion_tokens"
+    assert param_of(ValueError("Prompt too long")) is None and param_of(ValueError("")) is None
+    e = validation_error([{"loc": ("body", "messages", 0, "role"), "msg": "Field required"},
+                          {"loc": ("body", "model"), "msg": "second"}])
+    assert (e.message, e.param, e.status) == ("messages.0.role: Field required", "messages", 400)
+    e = validation_error([{"loc": ("body",)}])
+    assert (e.message, e.param) == ("body: invalid value", None)
