@@ -493,3 +493,5 @@ def test_api_error_body_param_of_and_validation_error():
     assert (e.message, e.param, e.status) == ("messages.0.role: Field required", "messages", 400)
     e = validation_error([{"loc": ("body",)}])
     assert (e.message, e.param) == ("body: invalid value", None)
+    e = validation_error([{"msg": "Input should be a valid dictionary"}])  # an error with no location
+    assert (e.message, e.param) == ("body: Input should be a valid dictionary", None)
