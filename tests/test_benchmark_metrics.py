@@ -5,7 +5,6 @@ population std written out), never by calling the module under test.
 """
 
 import math
-import re
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from nano_engine.benchmark_metrics import (
     BenchmarkMetrics, RequestRecord, calculate_metrics, format_metrics, parse_goodput,
 )
+from helpers import whole
 
 approx = pytest.approx
 
@@ -239,10 +239,6 @@ def test_metrics_is_vllms_dataclass_shape():
     m = calculate_metrics(trace(), 4.0)
     assert isinstance(m, BenchmarkMetrics)
     assert set(m.ttft.percentiles_ms) == {50, 90, 99}
-
-
-def whole(message: str) -> str:
-    return "^" + re.escape(message) + "$"
 
 
 BASE = dict(start=0.0, chunk_times=[0.5], end=1.0, prompt_tokens=1, output_tokens=1)

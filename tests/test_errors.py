@@ -12,6 +12,7 @@ import torch
 from nano_engine import EngineConfig, LLMEngine, SamplingParams, checks, sampling
 from nano_engine.request import SEED_MAX, SEED_MIN
 from nano_engine.tiny import tiny_model
+from helpers import whole
 
 
 # ----- SamplingParams -----
@@ -354,12 +355,6 @@ def test_a_failing_step_finishes_only_its_own_requests(tiny, monkeypatch):
 
 
 # ----- nano_engine.checks, the rules every entry above uses, message by message -----
-def whole(message: str) -> str:
-    import re
-
-    return "^" + re.escape(message) + "$"
-
-
 C = checks
 CHECK_MESSAGES = [
     (C.integer, ("n", True), TypeError, "n=True must be an integer, not a bool"),
@@ -489,7 +484,10 @@ def test_memory_available_reads_meminfo_and_falls_back_to_sysconf(monkeypatch, t
     sizes = {"SC_AVPHYS_PAGES": 5, "SC_PAGE_SIZE": 4096}
     monkeypatch.setattr(os, "sysconf", lambda name: sizes[name])
     assert checks.memory_available() == 5 * 4096
-    monkeypatch.setattr(os, "sysconf", lambda name: (_ for _ in ()).throw(ValueError(name)))
+
+    def no_sysconf(name):
+        raise ValueError(name)  # what os.sysconf raises for a name this system does not know
+    monkeypatch.setattr(os, "sysconf", no_sysconf)
     assert checks.memory_available() is None
     meminfo.write_text("MemTotal:       1000 kB\n")  # no MemAvailable line (an old kernel): sysconf
     monkeypatch.setattr(builtins, "open", lambda p, *a, **k: real_open(meminfo if p == "/proc/meminfo" else p, *a, **k))

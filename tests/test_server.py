@@ -25,6 +25,7 @@ from nano_engine import LLMEngine, generate
 from nano_engine.async_engine import AsyncLLM
 from nano_engine.launcher import ServerProcess
 from nano_engine.loading import chat_prompt_ids
+from nano_engine.protocol import ChatCompletionRequest as Chat, CompletionRequest as Comp
 from nano_engine.server import build_app
 
 NUM_BLOCKS, BLOCK_SIZE = 128, 16
@@ -430,35 +431,31 @@ def test_serve_cli_passes_the_attention_backend_to_the_engine(monkeypatch):
 
 
 # ----- protocol.py on its own: what each refused field says, whole -----
-def _protocol_cases():
-    from nano_engine.protocol import ChatCompletionRequest as Chat, CompletionRequest as Comp
-
-    c, m = {"prompt": "hi"}, {"messages": [{"role": "user", "content": "x"}]}
-    return [
-        (Comp, {**c, "best_of": 2}, "best_of", "best_of=2 is not supported by this server (leave it unset)"),
-        (Comp, {**c, "echo": True}, "echo", "echo=True is not supported by this server (leave it unset)"),
-        (Comp, {**c, "suffix": "s"}, "suffix", "suffix='s' is not supported by this server (leave it unset)"),
-        (Chat, {**m, "tools": [{"a": 1}]}, "tools", "tools=[{'a': 1}] is not supported by this server (leave it unset)"),
-        (Comp, {**c, "stream_options": {"include_usage": True}}, "stream_options",
-         "stream_options can only be set when stream is true"),
-        (Comp, {**c, "n": 2}, "n", "n=2 is not supported: this server returns one choice per request (n=1)"),
-        (Comp, {**c, "logprobs": 21}, "logprobs", "logprobs=21 must be in [0, 20]"),
-        (Comp, {**c, "logprobs": -1}, "logprobs", "logprobs=-1 must be in [0, 20]"),
-        (Chat, {**m, "top_logprobs": 21, "logprobs": True}, "top_logprobs", "top_logprobs=21 must be in [0, 20]"),
-        (Chat, {**m, "top_logprobs": -1, "logprobs": True}, "top_logprobs", "top_logprobs=-1 must be in [0, 20]"),
-        (Chat, {**m, "top_logprobs": 2}, "top_logprobs", "top_logprobs=2 needs logprobs=true"),
-        (Comp, {**c, "top_logprobs": 2}, "top_logprobs",
-         "top_logprobs is a chat parameter: completions take logprobs=<int>"),
-        (Chat, {**m, "response_format": {"type": "json_object"}}, "response_format",
-         "response_format={'type': 'json_object'} is not supported (only {'type': 'text'})"),
-    ]
+_c, _m = {"prompt": "hi"}, {"messages": [{"role": "user", "content": "x"}]}
+PROTOCOL_REFUSALS = [  # (request class, body, the param named, the whole message)
+    (Comp, {**_c, "best_of": 2}, "best_of", "best_of=2 is not supported by this server (leave it unset)"),
+    (Comp, {**_c, "echo": True}, "echo", "echo=True is not supported by this server (leave it unset)"),
+    (Comp, {**_c, "suffix": "s"}, "suffix", "suffix='s' is not supported by this server (leave it unset)"),
+    (Chat, {**_m, "tools": [{"a": 1}]}, "tools", "tools=[{'a': 1}] is not supported by this server (leave it unset)"),
+    (Comp, {**_c, "stream_options": {"include_usage": True}}, "stream_options",
+     "stream_options can only be set when stream is true"),
+    (Comp, {**_c, "n": 2}, "n", "n=2 is not supported: this server returns one choice per request (n=1)"),
+    (Comp, {**_c, "logprobs": 21}, "logprobs", "logprobs=21 must be in [0, 20]"),
+    (Comp, {**_c, "logprobs": -1}, "logprobs", "logprobs=-1 must be in [0, 20]"),
+    (Chat, {**_m, "top_logprobs": 21, "logprobs": True}, "top_logprobs", "top_logprobs=21 must be in [0, 20]"),
+    (Chat, {**_m, "top_logprobs": -1, "logprobs": True}, "top_logprobs", "top_logprobs=-1 must be in [0, 20]"),
+    (Chat, {**_m, "top_logprobs": 2}, "top_logprobs", "top_logprobs=2 needs logprobs=true"),
+    (Comp, {**_c, "top_logprobs": 2}, "top_logprobs",
+     "top_logprobs is a chat parameter: completions take logprobs=<int>"),
+    (Chat, {**_m, "response_format": {"type": "json_object"}}, "response_format",
+     "response_format={'type': 'json_object'} is not supported (only {'type': 'text'})"),
+]
 
 
-@pytest.mark.parametrize("case", range(13))
-def test_check_supported_refuses_by_name_whole(case):
+@pytest.mark.parametrize("cls, body, param, message", PROTOCOL_REFUSALS)
+def test_check_supported_refuses_by_name_whole(cls, body, param, message):
     from nano_engine.protocol import APIError, check_supported
 
-    cls, body, param, message = _protocol_cases()[case]
     with pytest.raises(APIError) as e:
         check_supported(cls(**body))
     assert (e.value.message, e.value.param, e.value.status, str(e.value)) == (message, param, 400, message)

@@ -183,7 +183,7 @@ def test_a_running_request_given_no_tokens_is_stalled():
 
 
 def bars(ax):
-    """Per row of the axis (top to bottom as drawn): [(x, width, y0, height, colour)] of its cells."""
+    """Every drawn cell of the axis as (x, width, y0, height, colour), rounded, in one sorted list."""
     out = []
     for coll in ax.collections:
         colour = matplotlib.colors.to_hex(coll.get_facecolor()[0])
