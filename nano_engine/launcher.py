@@ -43,9 +43,9 @@ class ServerProcess:
     """A `python -m nano_engine serve` child on 127.0.0.1 and a free port; `flags` are serve's flags."""
 
     def __init__(self, *flags: str, timeout: float = 180.0, env: dict | None = None):
-        if any(f in ("--host", "--port") or f.startswith(("--host=", "--port=")) for f in flags):
+        self.flags, self.timeout = [str(f) for f in flags], timeout  # ("--max-num-seqs", 8) is fine
+        if any(f in ("--host", "--port") or f.startswith(("--host=", "--port=")) for f in self.flags):
             raise ValueError("ServerProcess chooses --host 127.0.0.1 and a free --port itself")
-        self.flags, self.timeout = [str(f) for f in flags], timeout
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
