@@ -1,0 +1,158 @@
+"""serving_metrics on its own: hand-made RequestOutputs and a stand-in engine, read back through
+prometheus_client's own text parser (test_server.py reads /metrics from a running server)."""
+
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from nano_engine import serving_metrics
+from nano_engine.async_engine import RequestOutput
+from nano_engine.serving_metrics import ServingMetrics
+
+LABELS = {"model_name": "m", "engine": "0"}
+# vLLM's buckets, vllm/v1/metrics/loggers.py (PrometheusStatLogger), in seconds.
+VLLM_TTFT = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+             40.0, 80.0, 160.0, 640.0, 2560.0]
+VLLM_ITL = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
+VLLM_E2E = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+            960.0, 1920.0, 7680.0]
+
+
+def out(rid, times, ids=None, *, arrival, finished=False, reason=None, prompt=4):
+    ids = list(range(len(times))) if ids is None else ids
+    return RequestOutput(rid, ids, "", times, prompt, 0, 0, arrival, finished, reason)
+
+
+def families(m: ServingMetrics) -> dict:
+    """{family name: family} from the rendered text, parsed as Prometheus itself would."""
+    text = m.render()
+    assert isinstance(text, bytes)
+    return {f.name: f for f in text_string_to_metric_families(text.decode())}
+
+
+def samples(family, suffix="", model="m") -> dict:
+    """{extra labels as a sorted tuple: value} of one family's samples named family.name + suffix."""
+    got = {}
+    for s in family.samples:
+        if s.name == family.name + suffix:
+            extra = {k: v for k, v in s.labels.items() if k not in LABELS}
+            assert {k: s.labels[k] for k in LABELS} == {**LABELS, "model_name": model}
+            got[tuple(sorted(extra.items()))] = s.value
+    return got
+
+
+def histogram(family) -> tuple[dict, float, float]:
+    buckets = {float(dict(k)["le"]): v for k, v in samples(family, "_bucket").items()}
+    return buckets, samples(family, "_count")[()], samples(family, "_sum")[()]
+
+
+def test_the_content_type_and_buckets_are_vllms():
+    assert serving_metrics.CONTENT_TYPE == "text/plain; version=0.0.4; charset=utf-8"
+    assert (serving_metrics.TTFT_BUCKETS, serving_metrics.ITL_BUCKETS, serving_metrics.E2E_BUCKETS) == (
+        VLLM_TTFT, VLLM_ITL, VLLM_E2E)
+    f = families(ServingMetrics("m"))
+    for name, want in (("vllm:time_to_first_token_seconds", VLLM_TTFT), ("vllm:inter_token_latency_seconds", VLLM_ITL),
+                       ("vllm:e2e_request_latency_seconds", VLLM_E2E)):
+        assert f[name].type == "histogram"
+        assert samples(f[name], "_bucket") == {}  # no sample for a label set never observed
+
+
+def test_observe_times_first_token_gaps_and_whole_requests():
+    m = ServingMetrics("m")
+    assert m.model_name == "m"
+    # a: tokens at 10.5 | 10.75, 11.0 | then a last output with no token: TTFT 0.5, ITL 0.25 0.25, E2E 1.0
+    m.observe(out("a", [], arrival=10.0))  # a prefill chunk: nothing yet
+    assert m._last_token == {}
+    m.observe(out("a", [10.5], arrival=10.0))
+    m.observe(out("a", [10.75, 11.0], arrival=10.0))
+    assert m._last_token == {"a": 11.0}
+    m.observe(out("a", [], arrival=10.0))  # a chunk with no token keeps the last token's time
+    assert m._last_token == {"a": 11.0}
+    m.observe(out("a", [], arrival=10.0, finished=True, reason="stop", prompt=5))
+    # b: one output with its only token, finished by length: TTFT 0.5, E2E 0.5
+    m.observe(out("b", [20.5], [7], arrival=20.0, finished=True, reason="length", prompt=2))
+    assert m._last_token == {}  # finished requests leave no trace
+
+    f = families(m)
+    buckets, count, total = histogram(f["vllm:time_to_first_token_seconds"])
+    assert (count, total) == (2, 1.0) and buckets[0.25] == 0 and buckets[0.5] == 2 and buckets[float("inf")] == 2
+    buckets, count, total = histogram(f["vllm:inter_token_latency_seconds"])
+    assert (count, total) == (2, 0.5) and buckets[0.2] == 0 and buckets[0.3] == 2
+    buckets, count, total = histogram(f["vllm:e2e_request_latency_seconds"])
+    assert (count, total) == (2, 1.5) and buckets[0.3] == 0 and buckets[0.5] == 1 and buckets[1.0] == 2
+    assert samples(f["vllm:generation_tokens"], "_total") == {(): 4}
+    assert samples(f["vllm:prompt_tokens"], "_total") == {(): 7}
+    assert samples(f["vllm:request_success"], "_total") == {(("finished_reason", "stop"),): 1,
+                                                              (("finished_reason", "length"),): 1}
+
+
+def test_a_request_aborted_before_its_first_token_ends_now(monkeypatch):
+    m = ServingMetrics("m")
+    monkeypatch.setattr(serving_metrics.time, "perf_counter", lambda: 33.0)
+    m.observe(out("c", [], arrival=30.0, finished=True, reason=None, prompt=3))
+    f = families(m)
+    buckets, count, total = histogram(f["vllm:e2e_request_latency_seconds"])
+    assert (count, total) == (1, 3.0) and buckets[2.5] == 0 and buckets[5.0] == 1
+    assert samples(f["vllm:request_success"], "_total") == {(("finished_reason", "abort"),): 1}
+    assert samples(f["vllm:time_to_first_token_seconds"], "_count") == {}  # no token: no TTFT
+    assert samples(f["vllm:prompt_tokens"], "_total") == {(): 3}
+    assert samples(f["vllm:generation_tokens"], "_total") == {}  # never counted
+
+
+def test_each_figure_is_named_and_described():
+    f = families(ServingMetrics("m"))
+    docs = {name: (fam.type, fam.documentation) for name, fam in f.items() if name.startswith("vllm:")}
+    assert docs == {
+        "vllm:time_to_first_token_seconds": ("histogram", "Time to first token."),
+        "vllm:inter_token_latency_seconds": ("histogram", "Time between two output tokens."),
+        "vllm:e2e_request_latency_seconds": ("histogram", "Request latency, arrival to last token."),
+        "vllm:prompt_tokens": ("counter", "Prompt tokens of finished requests."),
+        "vllm:generation_tokens": ("counter", "Generated tokens."),
+        "vllm:request_success": ("counter", "Finished requests, by finish reason."),
+    }
+
+
+def fake_llm(**scheduler):
+    sched = SimpleNamespace(running=[1, 2], waiting=[3, 4, 5], **scheduler)
+    engine = SimpleNamespace(scheduler=sched, block_pool=SimpleNamespace(num_free=3, num_blocks=12),
+                             stats=SimpleNamespace(preemptions=6))
+    return SimpleNamespace(engine=engine, on_output=None)
+
+
+@pytest.mark.parametrize("prefix, queries, hits", [({"prefix_cache_queries": 40, "prefix_cache_hits": 16}, 40, 16),
+                                                   ({}, 0, 0)])  # a scheduler without a prefix cache: 0
+def test_the_engines_state_is_read_at_scrape_time(prefix, queries, hits):
+    m, llm = ServingMetrics("smol"), fake_llm(**prefix)
+    m.attach(llm)
+    assert llm.on_output == m.observe
+    f = families(m)
+    state = {name: (fam.type, fam.documentation, [(s.name, s.labels, s.value) for s in fam.samples])
+             for name, fam in f.items() if name in {"vllm:num_requests_running", "vllm:num_requests_waiting",
+                                                    "vllm:kv_cache_usage_perc", "vllm:num_preemptions",
+                                                    "vllm:prefix_cache_queries", "vllm:prefix_cache_hits"}}
+    lab = {"model_name": "smol", "engine": "0"}
+    assert state == {
+        "vllm:num_requests_running": ("gauge", "Requests in the running queue.",
+                                      [("vllm:num_requests_running", lab, 2)]),
+        "vllm:num_requests_waiting": ("gauge", "Requests waiting to be scheduled.",
+                                      [("vllm:num_requests_waiting", lab, 3)]),
+        "vllm:kv_cache_usage_perc": ("gauge", "Fraction of KV blocks in use (1 = full).",
+                                     [("vllm:kv_cache_usage_perc", lab, 0.75)]),
+        "vllm:num_preemptions": ("counter", "Preemptions so far.", [("vllm:num_preemptions_total", lab, 6)]),
+        "vllm:prefix_cache_queries": ("counter", "Prompt tokens looked up in the prefix cache.",
+                                      [("vllm:prefix_cache_queries_total", lab, queries)]),
+        "vllm:prefix_cache_hits": ("counter", "Prompt tokens found in the prefix cache.",
+                                   [("vllm:prefix_cache_hits_total", lab, hits)]),
+    }
+    llm.engine.scheduler.running.append(9)  # read when scraped, not when attached
+    llm.engine.block_pool.num_free = 12
+    f = families(m)
+    assert f["vllm:num_requests_running"].samples[0].value == 3 and f["vllm:kv_cache_usage_perc"].samples[0].value == 0
+
+
+def test_two_servers_keep_their_own_figures():
+    a, b = ServingMetrics("a"), ServingMetrics("b")
+    a.observe(out("x", [1.5], arrival=1.0, finished=True, reason="stop"))
+    assert samples(families(a)["vllm:request_success"], "_total", "a") == {(("finished_reason", "stop"),): 1}
+    assert samples(families(b)["vllm:request_success"], "_total", "b") == {}
