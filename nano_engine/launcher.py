@@ -34,7 +34,7 @@ _SPAWNER = ThreadPoolExecutor(1, thread_name_prefix="nano_engine-spawner")
 
 def _die_with_parent() -> None:  # runs in the child, before exec
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
 

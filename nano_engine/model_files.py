@@ -123,7 +123,7 @@ def _check_safetensors(file: pathlib.Path) -> None:
     with open(file, "rb") as f:
         head = f.read(8)
         n = int.from_bytes(head, "little")
-        if len(head) < 8 or n > size - 8:
+        if n > size - 8:  # also a file shorter than its 8 length bytes (size - 8 < 0 <= n)
             raise ModelLoadError(f"{file}: not a safetensors file, or truncated: its first 8 bytes "
                                  f"announce a {n}-byte header, the file has {size} bytes")
         try:

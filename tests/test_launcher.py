@@ -197,6 +197,22 @@ def test_a_server_started_from_a_short_lived_thread_outlives_it(fake):
     assert server.stop() == 0
 
 
+def pdeathsig() -> int:
+    sig = ctypes.c_int(-1)
+    assert ctypes.CDLL("libc.so.6").prctl(2, ctypes.byref(sig)) == 0  # PR_GET_PDEATHSIG
+    return sig.value
+
+
+def test_die_with_parent_sets_sigterm_as_the_parent_death_signal():
+    # Called here, in this process (the child calls it between fork and exec, where no test sees
+    # it), then put back as it was.
+    before = pdeathsig()
+    try:
+        assert launcher._die_with_parent() is None and pdeathsig() == signal.SIGTERM
+    finally:
+        ctypes.CDLL("libc.so.6").prctl(1, before)  # PR_SET_PDEATHSIG
+
+
 def test_die_with_parent_is_quiet_without_libc(monkeypatch):
     def no_libc(*a, **k):
         raise OSError("no libc.so.6")

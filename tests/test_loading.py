@@ -281,3 +281,227 @@ def test_gguf_without_tokenizer_says_so(tmp_path, monkeypatch):
         with pytest.raises(loading.ModelLoadError) as raised:
             load(tmp_path / "tiny.gguf")
         assert str(raised.value) == message
+
+
+# ----- model_files on its own: each refusal's message whole, what a config is filled with -----
+from nano_engine import model_files  # noqa: E402
+from nano_engine.model_files import ModelLoadError, ModelNotFoundError  # noqa: E402
+
+BASE_CONFIG = {"model_type": "llama", "vocab_size": 32, "hidden_size": 64, "intermediate_size": 128,
+               "num_hidden_layers": 2, "num_attention_heads": 4}
+RUNS = "the engine runs llama, mistral, qwen2, qwen3"
+EVEN = "(or hidden_size / num_attention_heads without a head_dim) must be a whole, even number"
+CONFIG_REFUSALS = [  # (changes to BASE_CONFIG, None to delete a key; the message after "cfg.json: ")
+    ({"model_type": None}, f"model_type=None; {RUNS}"),
+    ({"model_type": "gpt2"}, f"model_type='gpt2'; {RUNS}"),
+    ({"model_type": "Llama"}, f"model_type='Llama'; {RUNS}"),
+    *[({name: "delete"}, f"{name} is missing") for name in
+      ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")],
+    *[({name: None}, f"{name} is missing") for name in ("vocab_size", "num_attention_heads")],
+    *[({name: 0}, f"{name}=0 must be an integer >= 1") for name in
+      ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+       "num_key_value_heads", "head_dim", "max_position_embeddings")],
+    ({"hidden_size": "64"}, "hidden_size='64' must be an integer, got str"),
+    ({"head_dim": 16.5}, "head_dim=16.5 must be an integer, got float"),
+    ({"rms_norm_eps": 0}, "rms_norm_eps=0 must be a number > 0"),
+    ({"rope_theta": -1.0}, "rope_theta=-1.0 must be a number > 0"),
+    ({"rope_theta": "big"}, "rope_theta='big' must be a real number, got str"),
+    ({"tie_word_embeddings": "no"}, "tie_word_embeddings='no' must be True or False, got str"),
+    ({"attention_bias": 1}, "attention_bias=1 must be True or False, got int"),
+    ({"bos_token_id": -1}, "bos_token_id=-1 must be an integer >= 0"),
+    ({"eos_token_id": [2, -3]}, "eos_token_id=-3 must be an integer >= 0"),
+    ({"eos_token_id": "2"}, "eos_token_id='2' must be an integer, got str"),
+    ({"num_key_value_heads": 3}, "num_attention_heads=4 is not a multiple of num_key_value_heads=3"),
+    ({"head_dim": 15}, f"head_dim=15 {EVEN}"),
+    ({"hidden_size": 66}, f"head_dim=16 {EVEN}"),  # 66 / 4 heads is not whole
+    ({"hidden_size": 60}, f"head_dim=15 {EVEN}"),
+    ({"rope_parameters": [1]}, "rope_parameters must be an object, got [1]"),
+    ({"rope_parameters": {"rope_theta": 0}}, "rope_parameters.rope_theta=0 must be a number > 0"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling 'yarn' is not supported (default or llama3)"),
+    ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope scaling 'linear' is not supported (default or llama3)"),
+    ({"rope_scaling": {"rope_type": "dynamic", "type": "llama3"}},
+     "rope scaling 'dynamic' is not supported (default or llama3)"),  # rope_type is read first
+    ({"rope_scaling": "yarn"}, "rope scaling 'yarn' is not supported (default or llama3)"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+     "llama3 rope scaling needs original_max_position_embeddings"),
+    ({"rope_scaling": {"type": "llama3"}}, "llama3 rope scaling needs factor, original_max_position_embeddings"),
+    ({"rope_parameters": {"rope_type": "llama3", "original_max_position_embeddings": 8}},
+     "llama3 rope scaling needs factor"),
+]
+
+
+def edited(changes):
+    raw = dict(BASE_CONFIG)
+    for key, value in changes.items():
+        if value == "delete":
+            raw.pop(key)
+        else:
+            raw[key] = value
+    return raw
+
+
+@pytest.mark.parametrize("changes, message", CONFIG_REFUSALS)
+def test_check_config_names_the_field_and_the_rule_whole(changes, message):
+    with pytest.raises(ModelLoadError) as e:
+        model_files.check_config(edited(changes), "cfg.json")
+    assert str(e.value) == f"cfg.json: {message}"
+
+
+@pytest.mark.parametrize("raw, kind", [([1, 2], "list"), ("llama", "str"), (None, "NoneType")])
+def test_check_config_wants_an_object(raw, kind):
+    with pytest.raises(ModelLoadError) as e:
+        model_files.check_config(raw, "c")
+    assert str(e.value) == f"c: must be a JSON object, got {kind}"
+
+
+@pytest.mark.parametrize("changes", [
+    {}, {"model_type": "qwen3"}, {"model_type": "mistral"}, {"model_type": "qwen2"},
+    {"num_key_value_heads": None, "head_dim": None, "max_position_embeddings": None, "rope_theta": None},
+    {"num_key_value_heads": 2, "head_dim": 8}, {"num_key_value_heads": 4}, {"num_key_value_heads": 1},
+    {"hidden_size": 66, "head_dim": 16},  # a head_dim given: hidden_size need not divide
+    {"rms_norm_eps": 1e-9, "rope_theta": 1, "tie_word_embeddings": False, "attention_bias": True},
+    {"bos_token_id": 0, "eos_token_id": [0, 2]}, {"eos_token_id": []},
+    {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, {"rope_parameters": None},
+    {"rope_scaling": {"rope_type": "default"}}, {"rope_scaling": {"type": None}}, {"rope_scaling": None},
+    {"rope_scaling": {"type": "llama3", "factor": 8, "original_max_position_embeddings": 8}},
+    {"rope_scaling": {}, "rope_parameters": {"rope_type": "llama3", "factor": 8,
+                                            "original_max_position_embeddings": 8}},
+])
+def test_check_config_takes_what_the_engine_runs(changes):
+    assert model_files.check_config(edited(changes), "c") is None
+
+
+def test_normalize_config_fills_every_field_the_engine_reads():
+    raw = dict(BASE_CONFIG)
+    assert model_files.normalize_config(raw, {}) == {
+        **BASE_CONFIG, "head_dim": 16, "num_key_value_heads": 4, "rope_theta": 10000.0, "rope_scaling": None,
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "bos_token_id": None, "eos_token_id": None,
+        "tie_word_embeddings": True, "attention_bias": False}
+    assert raw == BASE_CONFIG  # the caller's dict is left alone
+    cfg = model_files.normalize_config({**raw, "model_type": "qwen2", "head_dim": None}, {"lm_head.weight": 0})
+    assert (cfg["attention_bias"], cfg["tie_word_embeddings"], cfg["head_dim"]) == (True, False, 16)
+    given = {"head_dim": 8, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "max_position_embeddings": 64,
+             "bos_token_id": 1, "eos_token_id": [2, 3], "tie_word_embeddings": False, "attention_bias": True}
+    cfg = model_files.normalize_config({**raw, **given, "model_type": "qwen2"}, {})
+    assert {k: cfg[k] for k in given} == given
+
+
+def test_normalize_config_reads_rope_from_the_top_or_from_rope_parameters():
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 128}
+    rope = {"rope_theta": 5e5, **llama3}
+    raw = {**BASE_CONFIG, "rope_parameters": dict(rope)}
+    cfg = model_files.normalize_config(raw, {})
+    assert (cfg["rope_theta"], cfg["rope_scaling"]) == (5e5, llama3) and raw["rope_parameters"] == rope
+    cfg = model_files.normalize_config({**BASE_CONFIG, "rope_parameters": {"rope_theta": 7, "rope_type": "default"}}, {})
+    assert (cfg["rope_theta"], cfg["rope_scaling"]) == (7.0, None) and isinstance(cfg["rope_theta"], float)
+    cfg = model_files.normalize_config({**BASE_CONFIG, "rope_theta": 9, "rope_scaling": {"type": "llama3"},
+                                        "rope_parameters": rope}, {})
+    assert (cfg["rope_theta"], cfg["rope_scaling"]) == (9.0, {"type": "llama3"})  # the top level wins
+
+
+def safetensors_bytes(header, data=b"", length=None):
+    text = json.dumps(header).encode() if not isinstance(header, bytes) else header
+    return (len(text) if length is None else length).to_bytes(8, "little") + text + data
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "empty file (0 bytes)"),
+    (b"\x05" + b"\0" * 6, "not a safetensors file, or truncated: its first 8 bytes announce a 5-byte header, "
+                         "the file has 7 bytes"),
+    (safetensors_bytes({}, length=3), "not a safetensors file, or truncated: its first 8 bytes announce a 3-byte "
+                                      "header, the file has 10 bytes"),
+    (safetensors_bytes(b"", length=0), "not a safetensors file (its header is not the JSON table of tensors)"),
+    (safetensors_bytes(b"\xff\xfe"), "not a safetensors file (its header is not the JSON table of tensors)"),
+    (safetensors_bytes([1]), "not a safetensors file (its header is not the JSON table of tensors)"),
+    (safetensors_bytes({"w": {}}), "not a safetensors file (its header is not the JSON table of tensors)"),
+    (safetensors_bytes({"w": {"data_offsets": 4}}), "not a safetensors file (its header is not the JSON table of tensors)"),
+    (safetensors_bytes({"w": {"data_offsets": [0]}}), "not a safetensors file (its header is not the JSON table of tensors)"),
+    (safetensors_bytes({"w": "x"}), "not a safetensors file (its header is not the JSON table of tensors)"),
+    (safetensors_bytes({"w": {"data_offsets": [0, 8]}, "v": {"data_offsets": [8, 12]}}, b"\0" * 11),
+     "truncated: its tensors end at byte 83, the file has 82 bytes"),
+])
+def test_a_safetensors_header_is_checked_before_any_read(tmp_path, content, message):
+    file = tmp_path / "model.safetensors"
+    file.write_bytes(content)
+    with pytest.raises(ModelLoadError) as e:
+        model_files._check_safetensors(file)
+    assert str(e.value) == f"{file}: {message}"
+
+
+@pytest.mark.parametrize("content", [
+    safetensors_bytes({"w": {"data_offsets": [0, 8]}, "v": {"data_offsets": [8, 12]}}, b"\0" * 12),  # exactly whole
+    safetensors_bytes({"__metadata__": {"format": "pt"}}), safetensors_bytes({}),  # no tensors: nothing to end
+    safetensors_bytes({"__metadata__": {"data_offsets": [0, 99]}}),  # metadata is not a tensor
+])
+def test_a_whole_safetensors_file_passes(tmp_path, content):
+    file = tmp_path / "model.safetensors"
+    file.write_bytes(content)
+    assert model_files._check_safetensors(file) is None
+
+
+def test_weight_files_from_the_index_or_the_folder(tmp_path):
+    whole = safetensors_bytes({})
+    for name in ("b.safetensors", "a.safetensors", "c.safetensors"):
+        (tmp_path / name).write_bytes(whole)
+    assert model_files.weight_files(tmp_path) == [tmp_path / "a.safetensors", tmp_path / "b.safetensors",
+                                                  tmp_path / "c.safetensors"]
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"x": "c.safetensors", "y": "b.safetensors", "z": "c.safetensors"}}))
+    assert model_files.weight_files(tmp_path) == [tmp_path / "b.safetensors", tmp_path / "c.safetensors"]
+    for bad in ([], {}, {"weight_map": []}, {"weight_map": {"x": 1}}, {"weight_map": {"x": "b.safetensors", "y": None}}):
+        index.write_text(json.dumps(bad))
+        with pytest.raises(ModelLoadError) as e:
+            model_files.weight_files(tmp_path)
+        assert str(e.value) == f"{index}: has no weight_map (tensor name -> file name)", bad
+    index.write_text(json.dumps({"weight_map": {"x": "b.safetensors", "y": "gone.safetensors"}}))
+    with pytest.raises(ModelNotFoundError) as e:
+        model_files.weight_files(tmp_path)
+    assert str(e.value) == f"{index}: lists gone.safetensors, which is not in {tmp_path}"
+    index.write_bytes(b"\xff")
+    with pytest.raises(ModelLoadError) as e:
+        model_files.weight_files(tmp_path)
+    assert str(e.value).startswith(f"{index}: not valid JSON (") and str(e.value).endswith(")")
+    index.write_text(json.dumps({"weight_map": {"x": "a.safetensors"}}))
+    (tmp_path / "a.safetensors").write_bytes(b"")  # a listed file is checked too
+    with pytest.raises(ModelLoadError) as e:
+        model_files.weight_files(tmp_path)
+    assert str(e.value) == f"{tmp_path / 'a.safetensors'}: empty file (0 bytes)"
+
+
+def test_no_weights_says_which_other_file_is_there(tmp_path):
+    (tmp_path / "notes.txt").write_text("")
+    with pytest.raises(ModelNotFoundError) as e:
+        model_files.weight_files(tmp_path)
+    assert str(e.value) == f"{tmp_path}: no weights (*.safetensors)"
+    for name in ("z.pth", "m.gguf", "b.pt", "pytorch_model.bin"):
+        (tmp_path / name).write_bytes(b"")
+    with pytest.raises(ModelNotFoundError) as e:
+        model_files.weight_files(tmp_path)
+    assert str(e.value) == (f"{tmp_path}: no weights (*.safetensors) (there is b.pt: the engine reads *.safetensors "
+                            "in a folder, or a .gguf file passed by its own path)")
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer.model", "vocab.json"])
+def test_any_one_tokenizer_file_will_do(tmp_path, name):
+    with pytest.raises(ModelNotFoundError) as e:
+        model_files.check_tokenizer_files(tmp_path)
+    assert str(e.value) == f"{tmp_path}: no tokenizer (none of tokenizer.json, tokenizer.model, vocab.json)"
+    (tmp_path / name).mkdir()  # a folder of that name is not the file
+    with pytest.raises(ModelNotFoundError):
+        model_files.check_tokenizer_files(tmp_path)
+    (tmp_path / name).rmdir()
+    (tmp_path / name).write_text("{}")
+    assert model_files.check_tokenizer_files(tmp_path) is None
+
+
+def test_read_json_names_the_file(tmp_path):
+    f = tmp_path / "c.json"
+    f.write_text('{"a": [1, 2]}')
+    assert model_files.read_json(f) == {"a": [1, 2]}
+    for bad in (b"{", b"\xff\xfe"):
+        f.write_bytes(bad)
+        with pytest.raises(ModelLoadError) as e:
+            model_files.read_json(f)
+        assert str(e.value).startswith(f"{f}: not valid JSON (") and e.value.__cause__ is None
+    assert issubclass(ModelNotFoundError, ModelLoadError) and issubclass(ModelNotFoundError, FileNotFoundError)
+    assert issubclass(ModelLoadError, ValueError)

@@ -75,6 +75,9 @@ def test_observe_times_first_token_gaps_and_whole_requests():
     assert m._last_token == {}  # finished requests leave no trace
 
     f = families(m)
+    for name, want in (("vllm:time_to_first_token_seconds", VLLM_TTFT), ("vllm:inter_token_latency_seconds", VLLM_ITL),
+                       ("vllm:e2e_request_latency_seconds", VLLM_E2E)):
+        assert sorted(histogram(f[name])[0]) == want + [float("inf")]  # the buckets drawn are vLLM's
     buckets, count, total = histogram(f["vllm:time_to_first_token_seconds"])
     assert (count, total) == (2, 1.0) and buckets[0.25] == 0 and buckets[0.5] == 2 and buckets[float("inf")] == 2
     buckets, count, total = histogram(f["vllm:inter_token_latency_seconds"])
