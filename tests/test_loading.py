@@ -505,3 +505,141 @@ def test_read_json_names_the_file(tmp_path):
         assert str(e.value).startswith(f"{f}: not valid JSON (") and e.value.__cause__ is None
     assert issubclass(ModelNotFoundError, ModelLoadError) and issubclass(ModelNotFoundError, FileNotFoundError)
     assert issubclass(ModelLoadError, ValueError)
+
+
+# ----- gguf_loader on its own: metadata to config, names, refusals whole -----
+GGUF_META = {  # key (after "<arch>.") -> (writer method, value): what llama.cpp's converter writes
+    "block_count": ("add_uint32", 2), "context_length": ("add_uint32", 256), "embedding_length": ("add_uint32", 64),
+    "feed_forward_length": ("add_uint32", 128), "attention.head_count": ("add_uint32", 4),
+    "attention.layer_norm_rms_epsilon": ("add_float32", 1e-5),
+}
+
+
+def meta_gguf(path, arch="llama", drop=(), extra=None, tensors=(), tokenizer=False):
+    """A GGUF file of metadata (GGUF_META minus drop, plus extra) and, optionally, small tensors."""
+    writer = gguf.GGUFWriter(path, arch)
+    for key, (method, value) in {**GGUF_META, **(extra or {})}.items():
+        if key not in drop:
+            getattr(writer, method)(f"{arch}.{key}", value)
+    if tokenizer:
+        writer.add_token_list(["a", "b", "c"])
+        writer.add_bos_token_id(1), writer.add_eos_token_id(2)
+    for name in tensors:
+        writer.add_tensor(name, np.zeros((2, 4), np.float32))
+    writer.write_header_to_file(), writer.write_kv_data_to_file()
+    writer.write_tensors_to_file(), writer.close()
+    return path
+
+
+@pytest.mark.parametrize("key", list(GGUF_META))
+def test_open_gguf_names_a_missing_hyperparameter(tmp_path, key):
+    path = meta_gguf(tmp_path / "m.gguf", "qwen2", drop=(key,))
+    with pytest.raises(ModelLoadError) as e:
+        gguf_loader.open_gguf(path)
+    assert str(e.value) == f"{path}: the GGUF metadata has no qwen2.{key}"
+
+
+def test_open_gguf_refuses_an_unknown_tensor_before_dequantizing(tmp_path):
+    path = meta_gguf(tmp_path / "m.gguf", tensors=["token_embd.weight", "rope_freqs.weight"])
+    with pytest.raises(ModelLoadError) as e:
+        gguf_loader.open_gguf(path)
+    assert str(e.value) == f"{path}: tensor 'rope_freqs.weight' is not supported by the engine"
+    reader = gguf_loader.open_gguf(meta_gguf(tmp_path / "ok.gguf", "qwen3", tensors=["blk.0.attn_q.weight"]))
+    assert [t.name for t in reader.tensors] == ["blk.0.attn_q.weight"]
+
+
+def test_open_gguf_checks_the_magic_and_emptiness_first(tmp_path):
+    empty, other = tmp_path / "e.gguf", tmp_path / "o.gguf"
+    empty.write_bytes(b"")
+    other.write_bytes(b"GGU")
+    for path, message in ((empty, "empty file (0 bytes)"), (other, "not a GGUF file (it starts with b'GGU', not b'GGUF')")):
+        with pytest.raises(ModelLoadError) as e:
+            gguf_loader.open_gguf(path)
+        assert str(e.value) == f"{path}: {message}"
+    assert gguf_loader.GGUF_MAGIC == b"GGUF"
+
+
+def test_has_tokenizer_looks_for_the_token_list(tmp_path):
+    assert not gguf_loader.has_tokenizer(gguf_loader.open_gguf(meta_gguf(tmp_path / "a.gguf")))
+    assert gguf_loader.has_tokenizer(gguf_loader.open_gguf(meta_gguf(tmp_path / "b.gguf", tokenizer=True)))
+
+
+@pytest.mark.parametrize("name, hf", [
+    ("token_embd.weight", "model.embed_tokens.weight"), ("output_norm.weight", "model.norm.weight"),
+    ("output.weight", "lm_head.weight"), ("output.bias", "lm_head.bias"),
+    ("blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight"),
+    ("blk.11.attn_k.bias", "model.layers.11.self_attn.k_proj.bias"),
+    ("blk.2.attn_v.weight", "model.layers.2.self_attn.v_proj.weight"),
+    ("blk.2.attn_output.weight", "model.layers.2.self_attn.o_proj.weight"),
+    ("blk.2.attn_q_norm.weight", "model.layers.2.self_attn.q_norm.weight"),
+    ("blk.2.attn_k_norm.weight", "model.layers.2.self_attn.k_norm.weight"),
+    ("blk.2.ffn_gate.weight", "model.layers.2.mlp.gate_proj.weight"),
+    ("blk.2.ffn_up.weight", "model.layers.2.mlp.up_proj.weight"),
+    ("blk.2.ffn_down.weight", "model.layers.2.mlp.down_proj.weight"),
+    ("blk.2.attn_norm.weight", "model.layers.2.input_layernorm.weight"),
+    ("blk.2.ffn_norm.weight", "model.layers.2.post_attention_layernorm.weight"),
+])
+def test_hf_name_of_each_gguf_tensor(name, hf):
+    assert gguf_loader.hf_name(name) == hf
+
+
+@pytest.mark.parametrize("name", ["rope_freqs.weight", "blk.x.attn_q.weight", "blk.1.attn_q.extra.weight",
+                                  "blk.1.weight", "blk.1.unknown.weight", "layer.1.attn_q.weight", "token_embd",
+                                  "model.norm.weight"])
+def test_hf_name_refuses_what_the_engine_does_not_run(name):
+    with pytest.raises(ModelLoadError) as e:
+        gguf_loader.hf_name(name)
+    assert str(e.value) == f"GGUF file: tensor {name!r} is not supported by the engine"
+    with pytest.raises(ModelLoadError) as e:
+        gguf_loader.hf_name(name, "f.gguf")
+    assert str(e.value).startswith("f.gguf: tensor ")
+
+
+def test_reverse_permute_undoes_llama_cpps_permutation():
+    from tiny_files import llama_cpp_permute
+
+    for shape, heads in (((16, 3), 2), ((8,), 1), ((24, 5), 3)):
+        w = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+        permuted = llama_cpp_permute(w, heads)
+        assert not np.array_equal(permuted, w)
+        assert np.array_equal(gguf_loader._reverse_permute(permuted, heads), w)
+
+
+def test_gguf_config_from_the_metadata_whole(tmp_path):
+    extra = {"attention.head_count_kv": ("add_uint32", 2), "attention.key_length": ("add_uint32", 32),
+             "vocab_size": ("add_uint32", 96), "rope.freq_base": ("add_float32", 5e5),
+             "rope.scaling.type": ("add_string", "llama3"), "rope.scaling.factor": ("add_float32", 8.0),
+             "rope.scaling.original_context_length": ("add_uint32", 128)}
+    path = meta_gguf(tmp_path / "m.gguf", "qwen3", extra=extra, tokenizer=True)  # bos/eos: tokenizer.ggml.*
+    reader = gguf_loader.open_gguf(path)
+    state = {"model.embed_tokens.weight": np.zeros((90, 64)), "lm_head.weight": np.zeros((90, 64))}
+    cfg = gguf_loader.gguf_config(reader, state, path)
+    assert cfg == {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_act": "silu", "vocab_size": 96,
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 32, "rms_norm_eps": pytest.approx(1e-5), "rope_theta": 5e5,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 128},
+        "max_position_embeddings": 256, "tie_word_embeddings": False, "bos_token_id": 1,
+        "eos_token_id": 2, "attention_bias": False}
+    assert type(cfg["rms_norm_eps"]) is float and type(cfg["vocab_size"]) is int
+
+
+def test_gguf_config_defaults_when_the_metadata_is_silent(tmp_path):
+    path = meta_gguf(tmp_path / "m.gguf", "qwen2")
+    reader = gguf_loader.open_gguf(path)
+    cfg = gguf_loader.gguf_config(reader, {"model.embed_tokens.weight": np.zeros((90, 64))}, path)
+    assert (cfg["vocab_size"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["rope_theta"], cfg["rope_scaling"],
+            cfg["tie_word_embeddings"], cfg["attention_bias"], cfg["architectures"], cfg["eos_token_id"]) == (
+        90, 4, 16, 10000.0, None, True, True, ["Qwen2ForCausalLM"], None)  # the embedding's rows are the vocabulary
+
+
+def test_gguf_config_is_checked_as_a_config_json_is(tmp_path):
+    path = meta_gguf(tmp_path / "m.gguf", extra={"rope.scaling.type": ("add_string", "linear"),
+                                                 "rope.scaling.factor": ("add_float32", 2.0)})
+    with pytest.raises(ModelLoadError) as e:
+        gguf_loader.gguf_config(gguf_loader.open_gguf(path), {"model.embed_tokens.weight": np.zeros((9, 64))}, path)
+    assert str(e.value) == f"{path} (metadata): rope scaling 'linear' is not supported (default or llama3)"
+    path = meta_gguf(tmp_path / "n.gguf", extra={"attention.head_count_kv": ("add_uint32", 3)})
+    with pytest.raises(ModelLoadError) as e:
+        gguf_loader.gguf_config(gguf_loader.open_gguf(path), {"model.embed_tokens.weight": np.zeros((9, 64))}, path)
+    assert str(e.value) == f"{path} (metadata): num_attention_heads=4 is not a multiple of num_key_value_heads=3"
