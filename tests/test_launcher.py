@@ -123,6 +123,8 @@ def test_start_runs_serve_on_loopback_and_a_free_port_and_waits_for_health(fake)
         server.start()
     assert str(e.value) == "this server was started already"
     proc, log = server.proc, server._log.name
+    name = os.path.basename(log)  # a log a person can tell apart in /tmp
+    assert name.startswith("nano_engine_serve_") and name.endswith(".log")
     assert server.stop() == 0 and proc.returncode == 0  # SIGTERM, then a clean exit
     assert server.proc is None and server._log is None and not os.path.exists(log)
     assert server not in launcher._LIVE and server.stop() is None
@@ -137,10 +139,12 @@ def test_metrics_sums_each_name_over_its_labels(fake):
             'vllm:e2e_request_latency_seconds_sum{engine="0",model_name="m"} 0.5\n'
             'vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf",model_name="m"} 4.0\n'
             'process_open_fds 7\n'
+            'Upper_Case:name 1.5e3\n'
             'not a metric line\n')
     with ServerProcess(env={"FAKE_METRICS": text}) as server:
         assert server.metrics() == {"vllm:request_success_total": 5.0, "vllm:e2e_request_latency_seconds_sum": 0.5,
-                                    "vllm:e2e_request_latency_seconds_bucket": 4.0, "process_open_fds": 7.0}
+                                    "vllm:e2e_request_latency_seconds_bucket": 4.0, "process_open_fds": 7.0,
+                                    "Upper_Case:name": 1500.0}
 
 
 def test_with_block_starts_once_and_stops(fake):

