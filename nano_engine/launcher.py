@@ -70,7 +70,8 @@ class ServerProcess:
     def start(self) -> "ServerProcess":
         if self.proc is not None:
             raise RuntimeError("this server was started already")
-        self._log = tempfile.NamedTemporaryFile("w+", prefix="nano_engine_serve_", suffix=".log", delete=False)
+        # The child writes to this file's descriptor; log_text() reads it back by name.
+        self._log = tempfile.NamedTemporaryFile(prefix="nano_engine_serve_", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "nano_engine", "serve", "--host", "127.0.0.1", "--port", "0", *self.flags]
         self.proc = _SPAWNER.submit(subprocess.Popen, cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None).result()

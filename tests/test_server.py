@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -492,3 +493,198 @@ def test_api_error_body_param_of_and_validation_error():
     assert (e.message, e.param) == ("body: invalid value", None)
     e = validation_error([{"msg": "Input should be a valid dictionary"}])  # an error with no location
     assert (e.message, e.param) == ("body: Input should be a valid dictionary", None)
+
+
+# ----- serve_cli in-process: its flags, their defaults, what run() hands to the engine and uvicorn -----
+def test_serve_flags_default_to_the_engines_defaults():
+    from nano_engine.engine import EngineConfig
+    from nano_engine.serve_cli import build_parser
+
+    d = EngineConfig()
+    assert vars(build_parser().parse_args([])) == {
+        "host": "127.0.0.1", "port": 8000, "model": None, "served_model_name": None, "dtype": "float32",
+        "prepack": False, "attention_backend": d.attention_backend, "max_num_batched_tokens": d.max_num_batched_tokens,
+        "max_num_seqs": d.max_num_seqs, "enable_chunked_prefill": d.enable_chunked_prefill,
+        "enable_prefix_caching": d.enable_prefix_caching, "block_size": d.block_size, "num_blocks": d.num_blocks,
+        "scheduling_policy": "fcfs", "scheduler_reserve_full_isl": d.scheduler_reserve_full_isl, "threads": None,
+        "uvicorn_log_level": "info", "debug": False}
+
+
+def test_serve_flags_spelled_as_vllm_spells_them_reach_the_engine_config():
+    from nano_engine.serve_cli import build_parser, engine_config
+
+    argv = ["--host", "0.0.0.0", "--port", "0", "--model", "m.gguf", "--served-model-name", "x", "--dtype", "bf16",
+            "--attention-backend", "c", "--max-num-batched-tokens", "64", "--max-num-seqs", "3",
+            "--no-enable-chunked-prefill", "--no-enable-prefix-caching", "--block-size", "8",
+            "--num-gpu-blocks-override", "40", "--scheduling-policy", "priority", "--scheduler-reserve-full-isl",
+            "--threads", "2", "--uvicorn-log-level", "warning", "--debug", "--prepack"]
+    args = build_parser().parse_args(argv)
+    assert (args.host, args.port, args.model, args.served_model_name, args.dtype, args.threads,
+            args.uvicorn_log_level, args.debug, args.prepack) == ("0.0.0.0", 0, "m.gguf", "x", "bf16", 2, "warning",
+                                                                  True, True)
+    c = engine_config(args)
+    assert (c.max_num_batched_tokens, c.max_num_seqs, c.enable_chunked_prefill, c.enable_prefix_caching,
+            c.block_size, c.num_blocks, c.policy, c.scheduler_reserve_full_isl, c.attention_backend) == (
+        64, 3, False, False, 8, 40, "priority", True, "c")
+    assert build_parser().parse_args(["--num-kv-blocks", "9"]).num_blocks == 9  # the older name still works
+    assert build_parser().parse_args(["--port", "65535"]).port == 65535
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--port", "x"], "argument --port: 'x' is not an integer"),
+    (["--port", "65536"], "argument --port: 65536 is not a TCP port (0-65535; 0 = any free port)"),
+    (["--port", "-1"], "argument --port: -1 is not a TCP port (0-65535; 0 = any free port)"),
+    (["--max-num-seqs", "0"], "argument --max-num-seqs: 0 must be at least 1"),
+    (["--block-size", "b"], "argument --block-size: 'b' is not an integer"),
+    (["--threads", "0"], "argument --threads: 0 must be at least 1"),
+    (["--num-gpu-blocks-override", "-2"], "argument --num-gpu-blocks-override/--num-kv-blocks: -2 must be at least 1"),
+    (["--max-num-batched-tokens", "0"], "argument --max-num-batched-tokens: 0 must be at least 1"),
+    (["--dtype", "int8"], "argument --dtype: invalid choice: 'int8' (choose from float32, fp32, bfloat16, bf16, "
+                          "float16, fp16, float64)"),
+    (["--attention-backend", "cuda"], "argument --attention-backend: invalid choice: 'cuda' (choose from torch, c)"),
+    (["--scheduling-policy", "lifo"], "argument --scheduling-policy: invalid choice: 'lifo' (choose from fcfs, "
+                                      "priority, conservative, static)"),
+    (["--uvicorn-log-level", "loud"], "argument --uvicorn-log-level: invalid choice: 'loud' (choose from critical, "
+                                      "error, warning, info, debug, trace)"),
+])
+def test_serve_refuses_a_bad_flag_by_name(capsys, argv, message):
+    from nano_engine import serve_cli
+
+    assert serve_cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("usage: python -m nano_engine serve ")
+    assert err[-1].replace("'", "").replace('"', "") == f"python -m nano_engine serve: error: {message}".replace("'", "")
+
+
+def test_serve_help_says_what_each_flag_does(capsys):
+    from nano_engine import serve_cli
+    from nano_engine.engine import EngineConfig
+
+    assert serve_cli.main(["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    d = EngineConfig()
+    assert text.startswith("usage: python -m nano_engine serve ")
+    for phrase in ["`python -m nano_engine serve`: the OpenAI-compatible server on one model, with vLLM's flag names.",
+                   "address to listen on (default 127.0.0.1)", "port (default 8000; 0 = any free port)",
+                   "a Hugging Face folder or a .gguf file (default: $NANO_ENGINE_MODEL, else the embedded "
+                   "SmolLM2-135M-Instruct)", "the model name clients send (default: the model's name)",
+                   "float32 only: reorder the matmul weights for oneDNN once at load time, as vLLM does on CPU "
+                   "(faster; a second copy of the weights; Transformer.prepack)",
+                   "torch: the chapters' PyTorch attention (default); c: decodes read the paged KV blocks in place, "
+                   "a C++ kernel built on first use (float32 and bfloat16; the same tokens; nano_engine/kernels.py)",
+                   f"the token budget of one step (default {d.max_num_batched_tokens})",
+                   f"requests running at once (default {d.max_num_seqs})",
+                   f"KV cache blocks (default {d.num_blocks}; vLLM's name)",
+                   "fcfs or priority as in vLLM (lower priority value first); also conservative (SGLang's "
+                   "admission) and static",
+                   "admit a request only when blocks for its whole prompt are free (vLLM's default; off by default "
+                   "here: the classic rule, where the first chunk is enough)",
+                   "torch threads (default: torch's choice)", "print the traceback of a failure",
+                   "--enable-chunked-prefill, --no-enable-chunked-prefill",
+                   "--enable-prefix-caching, --no-enable-prefix-caching",
+                   "--num-gpu-blocks-override NUM_BLOCKS, --num-kv-blocks NUM_BLOCKS"]:
+        assert phrase in text, phrase
+    assert "    python -m nano_engine serve --port 8000" in serve_cli.build_parser().format_help()  # kept as written
+
+
+@pytest.mark.parametrize("argv, name", [
+    ([], "SmolLM2-135M-Instruct"), (["--model", "/m/SmolLM2.Q4.gguf"], "SmolLM2.Q4"), (["--model", "/m/qwen3"], "qwen3"),
+    (["--model", "/m/qwen3/"], "qwen3"), (["--model", "/"], "/"), (["--model", "/m/x.bin"], "x.bin"),
+    (["--model", "/m/a.gguf", "--served-model-name", "mine"], "mine"),
+])
+def test_the_served_name_comes_from_the_flag_or_the_model_path(argv, name):
+    from nano_engine.serve_cli import EMBEDDED_NAME, build_parser, served_name
+
+    assert EMBEDDED_NAME == "SmolLM2-135M-Instruct"
+    assert served_name(build_parser().parse_args(argv)) == name
+
+
+@pytest.fixture
+def serve_spies(monkeypatch):
+    """serve_cli.main with the model, the tokenizer, uvicorn and the signal handler replaced by spies."""
+    import nano_engine.serve_cli as serve_cli
+    from nano_engine import loading
+    from nano_engine.mini_llm import Transformer
+    from nano_engine.tiny import tiny_model
+
+    seen = SimpleNamespace(loads=[], configs=[], signals=[], threads=[], checked=[], apps=[], calls=[], tokenizers=[])
+    monkeypatch.setattr(Transformer, "from_pretrained",
+                        staticmethod(lambda path, **kw: seen.loads.append((path, kw)) or tiny_model(dtype=torch.float32)))
+    monkeypatch.setattr(loading, "check_model", lambda path: seen.checked.append(path) or seen.calls.append("check")
+                        or "resolved-path")
+    tokenizer = loading.load_tokenizer()  # the embedded model's, whatever path serve asks for
+    monkeypatch.setattr(loading, "load_tokenizer", lambda path: seen.tokenizers.append(path) or tokenizer)
+    real_config = uvicorn.Config
+
+    def config(app, **kwargs):
+        seen.configs.append(kwargs)
+        return real_config(app, **kwargs)
+    monkeypatch.setattr(uvicorn, "Config", config)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self: seen.apps.append(self.config.app))
+    monkeypatch.setattr(serve_cli.signal, "signal", lambda *a: seen.signals.append(a))
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: seen.threads.append(n))
+    return seen
+
+
+def test_serve_run_hands_its_flags_to_the_model_uvicorn_and_sigterm(serve_spies):
+    from nano_engine import serve_cli
+
+    seen = serve_spies
+    assert serve_cli.main(["--port", "0", "--host", "127.0.0.2", "--uvicorn-log-level", "error", "--threads", "3",
+                           "--model", "/x/m.gguf", "--prepack"]) == 0
+    assert seen.checked == ["/x/m.gguf"]
+    assert seen.loads == [("resolved-path", {"dtype": "float32", "prepack": True})]  # the checked path is loaded
+    assert seen.tokenizers == ["resolved-path"]
+    assert seen.configs == [{"host": "127.0.0.2", "port": 0, "log_level": "error", "timeout_graceful_shutdown": 5}]
+    assert seen.signals == [(signal.SIGTERM, serve_cli._exit_cleanly)] and seen.threads == [3]
+    assert len(seen.apps) == 1
+    with pytest.raises(SystemExit) as e:
+        serve_cli._exit_cleanly(15, None)
+    assert e.value.code == 0
+    assert serve_cli.main(["--port", "0", "--dtype", "bf16"]) == 0  # no --threads: torch's own choice
+    assert seen.threads == [3] and seen.loads[-1] == ("resolved-path", {"dtype": "bf16", "prepack": False})
+
+
+def test_serve_run_shuts_the_engine_down_when_uvicorn_fails(serve_spies, monkeypatch, capsys):
+    from nano_engine import serve_cli
+    from nano_engine.async_engine import AsyncLLM
+
+    built = []
+    real_build = AsyncLLM.build
+    monkeypatch.setattr(AsyncLLM, "build", staticmethod(lambda make, **kw: built.append(real_build(make, **kw))
+                                                        or built[-1]))
+
+    def broken(self):
+        raise OSError("[Errno 98] address already in use")
+    monkeypatch.setattr(uvicorn.Server, "run", broken)
+    assert serve_cli.main(["--port", "0"]) == 1
+    assert capsys.readouterr().err.strip() == ("python -m nano_engine serve: error: OSError: [Errno 98] address "
+                                               "already in use (--debug shows the traceback)")
+    assert built and not built[0]._thread.is_alive()  # the engine thread was stopped on the way out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dtype", "bf16", "--prepack"], "--prepack needs --dtype float32, got --dtype bf16"),
+    (["--dtype", "float64", "--prepack"], "--prepack needs --dtype float32, got --dtype float64"),
+    (["--dtype", "float16", "--attention-backend", "c"], "--attention-backend c runs float32 and bfloat16, got --dtype float16"),
+    (["--dtype", "float64", "--attention-backend", "c"], "--attention-backend c runs float32 and bfloat16, got --dtype float64"),
+])
+def test_serve_refuses_flag_combinations_before_the_model_loads(serve_spies, capsys, argv, message):
+    from nano_engine import serve_cli
+
+    assert serve_cli.main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"python -m nano_engine serve: error: {message}"
+    assert serve_spies.checked == [] and serve_spies.loads == []
+
+
+def test_serve_builds_the_c_kernel_before_the_model_and_maps_config_errors(serve_spies, monkeypatch, capsys):
+    from nano_engine import kernels, serve_cli
+
+    real_build = kernels.build
+    monkeypatch.setattr(kernels, "build", lambda: serve_spies.calls.append("build") or real_build())
+    assert serve_cli.main(["--port", "0", "--attention-backend", "c", "--dtype", "fp32"]) == 0
+    assert serve_spies.calls[:2] == ["build", "check"]  # then the runner asks again (built: at once)
+    assert serve_cli.main(["--port", "0", "--attention-backend", "c", "--dtype", "bf16"]) == 0
+    monkeypatch.setattr(serve_cli, "engine_config", lambda args: (_ for _ in ()).throw(ValueError("x=1 is bad")))
+    assert serve_cli.main(["--port", "0"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "python -m nano_engine serve: error: x=1 is bad"
