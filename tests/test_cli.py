@@ -294,3 +294,168 @@ def test_exit_codes_of_the_real_process(tmp_path):
     missing = run("--model", str(tmp_path / "nope"))
     assert missing.returncode == 1 and missing.stdout == ""
     assert missing.stderr.splitlines() == [f"{PREFIX}no model at {tmp_path / 'nope'}: no such file or folder"]
+
+
+# ----- __main__'s own parts: flags, the fit check, what run() prints, the subcommands -----
+def test_flags_and_their_defaults():
+    from nano_engine.__main__ import build_parser
+
+    assert vars(build_parser().parse_args([])) == {
+        "model": None, "prompt": None, "max_tokens": 24, "dtype": "float32", "block_size": 16, "max_num_seqs": 16,
+        "no_prefix_caching": False, "threads": None, "debug": False}
+    args = build_parser().parse_args(["--model", "m", "--prompt", "a", "--prompt", " b ", "--max-tokens", "2",
+                                      "--dtype", "bf16", "--block-size", "4", "--max-num-seqs", "3",
+                                      "--no-prefix-caching", "--threads", "1", "--debug"])
+    assert vars(args) == {"model": "m", "prompt": ["a", " b "], "max_tokens": 2, "dtype": "bf16", "block_size": 4,
+                          "max_num_seqs": 3, "no_prefix_caching": True, "threads": 1, "debug": True}
+
+
+def test_help_says_what_it_runs(capsys):
+    assert main(["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert text.startswith("usage: python -m nano_engine ")
+    for phrase in ["`python -m nano_engine`: the scheduler chapter's identity check on the embedded model.",
+                   "a Hugging Face folder or a .gguf file (default: $NANO_ENGINE_MODEL, else the embedded "
+                   "SmolLM2-135M-Instruct)", "a user message (repeat for more; default: the 6 chat prompts)",
+                   "greedy tokens per prompt (default 24)", "torch threads (default: torch's choice)",
+                   "print the traceback of a failure"]:
+        assert phrase in text, phrase
+
+
+class _Refused(Exception):
+    pass
+
+
+class _Parser:
+    def error(self, message):
+        raise _Refused(message)
+
+
+@pytest.mark.parametrize("lengths, max_tokens, block_size, message", [
+    ([5, 10], 40, 4, "--max-tokens 40 with --block-size 4: the longest prompt (10 tokens) and its output need 49 KV "
+                     "slots, but the smallest config has 10 blocks = 40 slots; use --max-tokens <= 31 or "
+                     "--block-size >= 5"),
+    ([10], 32, 4, "--max-tokens 32 with --block-size 4: the longest prompt (10 tokens) and its output need 41 KV "
+                  "slots, but the smallest config has 10 blocks = 40 slots; use --max-tokens <= 31 or --block-size >= 5"),
+    ([10], 31, 4, None),  # 10 + 31 - 1 = 40 slots: exactly full
+    ([3], 38, 4, None),
+])
+def test_check_fits_uses_the_smallest_pool(lengths, max_tokens, block_size, message):
+    from types import SimpleNamespace
+
+    from nano_engine.__main__ import _check_fits
+
+    args = SimpleNamespace(max_tokens=max_tokens, block_size=block_size)
+    configs = {"defaults": {}, "small": {"num_blocks": 10}, "big": {"num_blocks": 99}}
+    prompts = [[0] * n for n in lengths]
+    if message is None:
+        assert _check_fits(_Parser(), args, prompts, configs) is None
+    else:
+        with pytest.raises(_Refused) as e:
+            _check_fits(_Parser(), args, prompts, configs)
+        assert str(e.value) == message
+    # With no num_blocks anywhere, the engine's default pool (256 blocks) is the limit.
+    assert _check_fits(_Parser(), SimpleNamespace(max_tokens=256 * 4 - 9, block_size=4), [[0] * 10], {"d": {}}) is None
+    with pytest.raises(_Refused):
+        _check_fits(_Parser(), SimpleNamespace(max_tokens=256 * 4 - 8, block_size=4), [[0] * 10], {"d": {}})
+
+
+def test_run_prints_the_table_the_trace_and_the_first_answer(capsys, good, monkeypatch):
+    from nano_engine import generate
+
+    threads = []
+    monkeypatch.setattr("torch.set_num_threads", lambda n: threads.append(n))
+    code, out, err = cli(capsys, "--model", str(good), "--dtype", "float64", "--max-tokens", "3",
+                         "--prompt", "w1 w2 w3", "--prompt", "w4", "--threads", "2", "--block-size", "8")
+    assert code == 0 and err == [] and threads == [2]
+    tok = loading.load_tokenizer(good)
+    ids = [loading.chat_prompt_ids(tok, t) for t in ("w1 w2 w3", "w4")]
+    model = Transformer.from_pretrained(good, dtype="float64")
+    first = generate(model, ids[0], 3, model.config.eos_token_id)
+    lines = out.splitlines()
+    assert re.fullmatch(rf"model: {re.escape(str(good))} \(llama, 2 layers, float64\), loaded in \d+\.\d s", lines[0])
+    assert lines[1] == f"2 prompts of {min(map(len, ids))}-{max(map(len, ids))} tokens, 3 greedy tokens each"
+    assert lines[2] == "" and lines[3].split() == ["config", "steps", "preempt", "seconds", "identical"]
+    assert [line.split()[0] for line in lines[4:8]] == ["alone", "defaults", "budget", "budget"]
+    assert all(line.endswith("True") for line in lines[5:8])
+    i = lines.index("first 6 steps at a 32-token budget (p = prefill chunk, d = decode, r = recompute):")
+    assert lines[i - 1] == "" and i == 9
+    j = lines.index("'w1 w2 w3' ->")
+    assert lines[j + 1] == repr(tok.decode(first, skip_special_tokens=True)) and lines[j - 1] == ""
+    assert lines[-2:] == ["", "identical: every config gives the single-request tokens, token for token"]
+
+
+def test_run_fails_with_the_configs_that_differ(capsys, good, monkeypatch):
+    from nano_engine import experiments
+
+    real = experiments.identity_check
+    seen = {}
+
+    def differing(model, prompts, max_tokens, configs, **common):
+        seen.update(common, max_tokens=max_tokens, configs=configs)
+        result = real(model, prompts, max_tokens, configs, **common)
+        for row in result.rows:
+            row.identical = row.name != "budget 32"
+        return result
+    monkeypatch.setattr(experiments, "identity_check", differing)
+    code, out, _ = cli(capsys, "--model", str(good), "--max-tokens", "2", "--prompt", "w1", "--no-prefix-caching",
+                       "--max-num-seqs", "5", "--block-size", "8")
+    assert code == 1
+    assert out.splitlines()[-2:] == ["", "FAIL: outputs differ from single-request generate under: budget 32"]
+    assert seen == {"block_size": 8, "max_num_seqs": 5, "enable_prefix_caching": False, "max_tokens": 2,
+                    "configs": experiments.IDENTITY_CONFIGS}
+
+
+def test_the_default_prompts_are_the_chapters(capsys, good, monkeypatch):
+    from nano_engine import experiments
+
+    asked = []
+    monkeypatch.setattr(experiments, "identity_check", lambda model, prompts, *a, **k: asked.append(prompts)
+                        or (_ for _ in ()).throw(RuntimeError("stop here")))
+    code, _, err = cli(capsys, "--model", str(good), "--max-tokens", "2")
+    tok = loading.load_tokenizer(good)
+    assert code == 1 and asked == [[loading.chat_prompt_ids(tok, t) for t in experiments.CHAT_PROMPTS]]
+    assert err == [f"{PREFIX}RuntimeError: stop here (--debug shows the traceback)"]
+
+
+@pytest.mark.parametrize("name, module", [("serve", "serve_cli"), ("bench-serve", "loadgen"),
+                                          ("vllm-args", "vllm_bridge")])
+def test_subcommands_hand_the_rest_of_the_line_to_their_module(monkeypatch, name, module):
+    import importlib
+
+    from nano_engine import __main__ as entry
+
+    mod = importlib.import_module(f"nano_engine.{module}")
+    got = []
+    monkeypatch.setattr(mod, "main", lambda argv: got.append(argv) or 7)
+    assert entry.main([name, "--x", "1"]) == 7 and got == [["--x", "1"]]
+    monkeypatch.setattr(entry.sys, "argv", ["nano_engine", name, "--y"])
+    assert entry.main() == 7 and got[-1] == ["--y"]
+    assert entry.SUBCOMMANDS == {"serve": "serve_cli", "bench-serve": "loadgen", "vllm-args": "vllm_bridge"}
+
+
+def test_interrupted_is_exit_130(capsys, good, monkeypatch):
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(loading, "check_model", interrupted)
+    code, out, err = cli(capsys, "--model", str(good))
+    assert (code, out, err) == (130, "", ["python -m nano_engine: interrupted"])
+
+
+def test_an_error_without_a_message_still_says_something(capsys, good, monkeypatch):
+    def silent(*a, **k):
+        raise ValueError()
+    monkeypatch.setattr(loading, "check_model", silent)
+    code, _, err = cli(capsys, "--model", str(good))
+    assert (code, err) == (1, [f"{PREFIX}ValueError: (no message) (--debug shows the traceback)"])
+    assert main(["--max-tokens", "x"]) == 2  # argparse's own exit code, passed through
+
+
+def test_guarded_passes_an_int_exit_code_through_and_maps_any_other_to_2():
+    import sys as _sys
+
+    from nano_engine.__main__ import build_parser, guarded
+
+    assert guarded(build_parser(), [], lambda ap, args: _sys.exit(3)) == 3
+    assert guarded(build_parser(), [], lambda ap, args: _sys.exit("bye")) == 2
+    assert guarded(build_parser(), [], lambda ap, args: 0) == 0

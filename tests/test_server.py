@@ -539,13 +539,13 @@ def test_serve_flags_spelled_as_vllm_spells_them_reach_the_engine_config():
     (["--threads", "0"], "argument --threads: 0 must be at least 1"),
     (["--num-gpu-blocks-override", "-2"], "argument --num-gpu-blocks-override/--num-kv-blocks: -2 must be at least 1"),
     (["--max-num-batched-tokens", "0"], "argument --max-num-batched-tokens: 0 must be at least 1"),
-    (["--dtype", "int8"], "argument --dtype: invalid choice: 'int8' (choose from float32, fp32, bfloat16, bf16, "
-                          "float16, fp16, float64)"),
-    (["--attention-backend", "cuda"], "argument --attention-backend: invalid choice: 'cuda' (choose from torch, c)"),
-    (["--scheduling-policy", "lifo"], "argument --scheduling-policy: invalid choice: 'lifo' (choose from fcfs, "
-                                      "priority, conservative, static)"),
-    (["--uvicorn-log-level", "loud"], "argument --uvicorn-log-level: invalid choice: 'loud' (choose from critical, "
-                                      "error, warning, info, debug, trace)"),
+    (["--dtype", "int8"], "argument --dtype: invalid choice: 'int8' (choose from 'float32', 'fp32', 'bfloat16', "
+                          "'bf16', 'float16', 'fp16', 'float64')"),
+    (["--attention-backend", "cuda"], "argument --attention-backend: invalid choice: 'cuda' (choose from 'torch', 'c')"),
+    (["--scheduling-policy", "lifo"], "argument --scheduling-policy: invalid choice: 'lifo' (choose from 'fcfs', "
+                                      "'priority', 'conservative', 'static')"),
+    (["--uvicorn-log-level", "loud"], "argument --uvicorn-log-level: invalid choice: 'loud' (choose from "
+                                      "'critical', 'error', 'warning', 'info', 'debug', 'trace')"),
 ])
 def test_serve_refuses_a_bad_flag_by_name(capsys, argv, message):
     from nano_engine import serve_cli
@@ -553,7 +553,7 @@ def test_serve_refuses_a_bad_flag_by_name(capsys, argv, message):
     assert serve_cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0].startswith("usage: python -m nano_engine serve ")
-    assert err[-1].replace("'", "").replace('"', "") == f"python -m nano_engine serve: error: {message}".replace("'", "")
+    assert err[-1] == f"python -m nano_engine serve: error: {message}"
 
 
 def test_serve_help_says_what_each_flag_does(capsys):
