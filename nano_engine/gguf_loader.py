@@ -119,8 +119,9 @@ def gguf_config(reader, state: dict, path: pathlib.Path) -> dict:
         "hidden_size": hidden, "intermediate_size": field("feed_forward_length"),
         "num_hidden_layers": field("block_count"), "num_attention_heads": heads,
         "num_key_value_heads": field("attention.head_count_kv", heads),
-        # Qwen3's head_dim is not hidden/heads; GGUF records it as the key length.
-        "head_dim": field("attention.key_length", hidden // heads if heads else None),
+        # Qwen3's head_dim is not hidden/heads; GGUF records it as the key length. Without one,
+        # normalize_config takes hidden_size / num_attention_heads.
+        "head_dim": field("attention.key_length"),
         "rms_norm_eps": float(field("attention.layer_norm_rms_epsilon")),
         "rope_theta": float(field("rope.freq_base", 10000.0)),
         "rope_scaling": scaling,
@@ -143,14 +144,14 @@ def convert_gguf(path: pathlib.Path) -> tuple[dict, dict[str, torch.Tensor]]:
     # The first load of the embedded model takes seconds: show it (a bar in a terminal, a
     # widget in JupyterLab, nothing when stderr is not a terminal).
     for t in tqdm(reader.tensors, desc=f"dequantizing {path.name}", unit="tensor", disable=None):
-        # GGUF lists dims fastest-first; the HF (row-major) shape is the reverse.
-        shape = tuple(int(d) for d in reversed(t.shape))
+        # GGUF lists dims fastest-first; the reader's t.data, and so the dequantized array, is
+        # already in the HF (row-major) shape, their reverse.
         try:
-            w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape)
+            w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
         except (NotImplementedError, ValueError) as e:
             raise ModelLoadError(f"{path}: tensor {t.name} ({t.tensor_type.name}) does not "
                                  f"dequantize: {e}") from None
-        state[hf_name(t.name, path)] = w
+        state[hf_name(t.name)] = w  # every name was checked by open_gguf
     cfg = gguf_config(reader, state, path)
     if cfg["model_type"] == "llama":  # only the llama converter permutes q/k
         heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]

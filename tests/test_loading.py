@@ -844,3 +844,31 @@ def test_check_model_of_a_converted_gguf_opens_it_only_for_a_missing_tokenizer(t
     (loading.cache_dir(path) / "tokenizer_config.json").write_text("{}")
     opened.clear()
     assert loading.check_model(path) == path and opened == []
+
+
+def test_convert_gguf_gives_float32_in_the_hf_shape(tmp_path):
+    hf = write_gguf(tmp_path / "tiny.gguf", "qwen3")
+    cfg, state = gguf_loader.convert_gguf(tmp_path / "tiny.gguf")
+    assert {k: (tuple(v.shape), v.dtype) for k, v in state.items()} == {
+        k: (v.shape, torch.float32) for k, v in hf.items()}
+    assert all(v.is_contiguous() for v in state.values()) and cfg["model_type"] == "qwen3"
+
+
+def test_convert_gguf_names_a_tensor_that_does_not_dequantize(tmp_path, monkeypatch):
+    write_gguf(tmp_path / "tiny.gguf", "qwen2")
+
+    def refuse(data, kind):
+        raise NotImplementedError(f"no dequantization for {kind.name}")
+    monkeypatch.setattr(gguf.quants, "dequantize", refuse)
+    with pytest.raises(ModelLoadError) as e:
+        gguf_loader.convert_gguf(tmp_path / "tiny.gguf")
+    first = gguf.GGUFReader(tmp_path / "tiny.gguf").tensors[0].name
+    assert str(e.value) == f"{tmp_path / 'tiny.gguf'}: tensor {first} (F32) does not dequantize: no dequantization for F32"
+
+
+def test_convert_gguf_checks_the_metadata_as_a_config_naming_the_file(tmp_path):
+    path = meta_gguf(tmp_path / "m.gguf", extra={"attention.head_count_kv": ("add_uint32", 3)},
+                     tensors=["token_embd.weight"])
+    with pytest.raises(ModelLoadError) as e:
+        gguf_loader.convert_gguf(path)
+    assert str(e.value) == f"{path} (metadata): num_attention_heads=4 is not a multiple of num_key_value_heads=3"
