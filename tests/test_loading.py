@@ -468,6 +468,15 @@ def test_weight_files_from_the_index_or_the_folder(tmp_path):
     assert str(e.value) == f"{tmp_path / 'a.safetensors'}: empty file (0 bytes)"
 
 
+@pytest.mark.parametrize("name", ["pytorch_model.bin", "model.pt", "model.pth", "model.Q4.gguf"])
+def test_no_weights_names_each_kind_of_other_weights(tmp_path, name):
+    (tmp_path / name).write_bytes(b"")
+    with pytest.raises(ModelNotFoundError) as e:
+        model_files.weight_files(tmp_path)
+    assert str(e.value) == (f"{tmp_path}: no weights (*.safetensors) (there is {name}: the engine reads *.safetensors "
+                            "in a folder, or a .gguf file passed by its own path)")
+
+
 def test_no_weights_says_which_other_file_is_there(tmp_path):
     (tmp_path / "notes.txt").write_text("")
     with pytest.raises(ModelNotFoundError) as e:
@@ -872,3 +881,29 @@ def test_convert_gguf_checks_the_metadata_as_a_config_naming_the_file(tmp_path):
     with pytest.raises(ModelLoadError) as e:
         gguf_loader.convert_gguf(path)
     assert str(e.value) == f"{path} (metadata): num_attention_heads=4 is not a multiple of num_key_value_heads=3"
+
+
+def test_load_hf_folder_ties_casts_and_names_what_does_not_load(tmp_path):
+    from safetensors.torch import load_file as read, save_file
+
+    save_hf_folder(tmp_path, tokenizer=False, tie_word_embeddings=False)
+    weights = tmp_path / "model.safetensors"
+    state = read(weights)
+    assert "lm_head.weight" in state
+    save_file({**state, "model.extra_ids": torch.arange(3)}, weights)  # an integer tensor keeps its dtype
+    half = loading.load_checkpoint(tmp_path, dtype="bf16")[1]
+    assert half["model.extra_ids"].dtype == torch.int64 and half["lm_head.weight"].dtype == torch.bfloat16
+    raw = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**raw, "tie_word_embeddings": True}))
+    cfg, tied = loading.load_checkpoint(tmp_path)  # tied: a stored lm_head is dropped, the embedding serves
+    assert cfg["tie_word_embeddings"] is True and "lm_head.weight" not in tied
+    save_file({k: v for k, v in state.items() if k != "lm_head.weight"}, weights)
+    (tmp_path / "config.json").write_text(json.dumps({**raw, "tie_word_embeddings": False}))
+    with pytest.raises(ModelLoadError) as e:
+        loading.load_checkpoint(tmp_path)
+    assert str(e.value) == (f"{tmp_path}: config.json says the embeddings are not tied (tie_word_embeddings=false) "
+                            "but the weights have no lm_head.weight")
+    weights.write_bytes(safetensors_bytes({"w": {"dtype": "NOPE", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4))
+    with pytest.raises(ModelLoadError) as e:  # a whole header, but safetensors itself refuses it
+        loading.load_checkpoint(tmp_path)
+    assert str(e.value).startswith(f"{weights}: does not load as safetensors (") and e.value.__cause__ is not None
