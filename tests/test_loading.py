@@ -293,6 +293,7 @@ RUNS = "the engine runs llama, mistral, qwen2, qwen3"
 EVEN = "(or hidden_size / num_attention_heads without a head_dim) must be a whole, even number"
 CONFIG_REFUSALS = [  # (changes to BASE_CONFIG, None to delete a key; the message after "cfg.json: ")
     ({"model_type": None}, f"model_type=None; {RUNS}"),
+    ({"model_type": "delete"}, f"no model_type; {RUNS}"),
     ({"model_type": "gpt2"}, f"model_type='gpt2'; {RUNS}"),
     ({"model_type": "Llama"}, f"model_type='Llama'; {RUNS}"),
     *[({name: "delete"}, f"{name} is missing") for name in
@@ -907,3 +908,16 @@ def test_load_hf_folder_ties_casts_and_names_what_does_not_load(tmp_path):
     with pytest.raises(ModelLoadError) as e:  # a whole header, but safetensors itself refuses it
         loading.load_checkpoint(tmp_path)
     assert str(e.value).startswith(f"{weights}: does not load as safetensors (") and e.value.__cause__ is not None
+
+
+def test_the_gguf_cache_is_a_hugging_face_folder_others_can_read(tmp_path, monkeypatch):
+    from safetensors import safe_open
+
+    monkeypatch.setenv("NANO_ENGINE_CACHE", str(tmp_path / "cache"))
+    write_gguf(tmp_path / "tiny.gguf")
+    cfg, _ = loading.load_checkpoint(tmp_path / "tiny.gguf")
+    folder = loading.cache_dir(tmp_path / "tiny.gguf")
+    text = (folder / "config.json").read_text()
+    assert json.loads(text) == cfg and text == json.dumps(cfg, indent=2)  # readable by a person too
+    with safe_open(folder / "model.safetensors", "pt") as f:  # transformers wants format=pt to load it
+        assert f.metadata() == {"format": "pt"}
