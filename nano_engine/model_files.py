@@ -83,14 +83,14 @@ def check_config(raw, source) -> None:
     if "rope_theta" in rope:
         field(checks.number, "rope_parameters.rope_theta", rope["rope_theta"], minimum=0,
               exclusive_minimum=True)
-    scaling = present.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
-    if scaling is not None:
-        kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else scaling
-        if kind not in (None, "default", "llama3"):
-            raise ModelLoadError(f"{source}: rope scaling {kind!r} is not supported (default or llama3)")
-        missing = [k for k in ("factor", "original_max_position_embeddings") if k not in scaling]
-        if kind == "llama3" and missing:
-            raise ModelLoadError(f"{source}: llama3 rope scaling needs {', '.join(missing)}")
+    # transformers >= 5 keeps any scaling in rope_parameters; no type there (or "default") is none.
+    scaling = present.get("rope_scaling") or rope
+    kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else scaling
+    if kind not in (None, "default", "llama3"):
+        raise ModelLoadError(f"{source}: rope scaling {kind!r} is not supported (default or llama3)")
+    missing = [k for k in ("factor", "original_max_position_embeddings") if k not in scaling]
+    if kind == "llama3" and missing:
+        raise ModelLoadError(f"{source}: llama3 rope scaling needs {', '.join(missing)}")
 
 
 def normalize_config(raw: dict, state_dict: dict) -> dict:

@@ -809,6 +809,26 @@ def test_chat_prompt_ids_needs_a_template_and_returns_ints():
     assert loading.chat_prompt_ids(tok, "x") == [7, 8]
 
 
+def test_tokenizers_load_from_local_files_only_and_errors_name_the_source(tmp_path, monkeypatch):
+    import transformers as tf
+
+    asked = []
+
+    def from_pretrained(folder, **kwargs):
+        asked.append((folder, kwargs))
+        raise OSError("cannot\n   read   it")
+    monkeypatch.setattr(tf.AutoTokenizer, "from_pretrained", from_pretrained)
+    with pytest.raises(loading.ModelLoadError) as e:
+        loading._auto_tokenizer("src", tmp_path, gguf_file="m.gguf")
+    assert str(e.value) == "src: the tokenizer does not load (OSError: cannot read it)"
+    assert asked == [(tmp_path, {"local_files_only": True, "gguf_file": "m.gguf"})]  # never the model hub
+    (tmp_path / "tokenizer.json").write_text("{}")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(loading.ModelLoadError) as e:
+        loading.load_tokenizer(tmp_path)  # a folder: the message names the folder
+    assert str(e.value) == f"{tmp_path}: the tokenizer does not load (OSError: cannot read it)"
+
+
 def test_a_tokenizer_that_does_not_load_is_one_line(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": "NoSuchTokenizer"}')
     with pytest.raises(loading.ModelLoadError) as e:
