@@ -941,3 +941,36 @@ def test_the_gguf_cache_is_a_hugging_face_folder_others_can_read(tmp_path, monke
     assert json.loads(text) == cfg and text == json.dumps(cfg, indent=2)  # readable by a person too
     with safe_open(folder / "model.safetensors", "pt") as f:  # transformers wants format=pt to load it
         assert f.metadata() == {"format": "pt"}
+
+
+def test_a_gguf_tokenizer_error_names_the_gguf_file_first_load_or_cached(tmp_path, monkeypatch):
+    import transformers as tf
+
+    monkeypatch.setenv("NANO_ENGINE_CACHE", str(tmp_path / "cache"))
+    path = meta_gguf(tmp_path / "m.gguf", tokenizer=True)  # a tokenizer in the metadata: check_model passes
+    asked = []
+
+    def from_pretrained(folder, **kwargs):
+        asked.append((folder, kwargs.get("gguf_file")))
+        raise OSError("no")
+    monkeypatch.setattr(tf.AutoTokenizer, "from_pretrained", from_pretrained)
+    message = f"{path}: the tokenizer does not load (OSError: no)"
+    with pytest.raises(loading.ModelLoadError) as e:
+        loading.load_tokenizer(path)
+    assert str(e.value) == message and asked == [(tmp_path, "m.gguf")]
+    cache = loading.cache_dir(path)
+    cache.mkdir(parents=True)
+    (cache / "tokenizer_config.json").write_text("{}")  # converted before: read from the cache
+    with pytest.raises(loading.ModelLoadError) as e:
+        loading.load_tokenizer(path)
+    assert str(e.value) == message and asked[-1] == (cache, None)
+
+
+def test_a_gguf_tokenizer_is_built_once_then_read_from_the_cache(cache_root, monkeypatch):
+    loading.load_tokenizer()  # the embedded model's: built from its GGUF metadata once
+    calls = []
+    real = loading._auto_tokenizer
+    monkeypatch.setattr(loading, "_auto_tokenizer", lambda source, folder, **kw: calls.append((folder, kw))
+                        or real(source, folder, **kw))
+    tok = loading.load_tokenizer()
+    assert calls == [(loading.cache_dir(loading.embedded_model_path()), {})] and tok.chat_template
