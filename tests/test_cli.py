@@ -410,8 +410,11 @@ def test_the_default_prompts_are_the_chapters(capsys, good, monkeypatch):
     from nano_engine import experiments
 
     asked = []
-    monkeypatch.setattr(experiments, "identity_check", lambda model, prompts, *a, **k: asked.append(prompts)
-                        or (_ for _ in ()).throw(RuntimeError("stop here")))
+
+    def record_and_stop(model, prompts, *args, **kwargs):
+        asked.append(prompts)
+        raise RuntimeError("stop here")
+    monkeypatch.setattr(experiments, "identity_check", record_and_stop)
     code, _, err = cli(capsys, "--model", str(good), "--max-tokens", "2")
     tok = loading.load_tokenizer(good)
     assert code == 1 and asked == [[loading.chat_prompt_ids(tok, t) for t in experiments.CHAT_PROMPTS]]

@@ -2,6 +2,7 @@
 
 import io
 import json
+import pathlib
 import sys
 
 import gguf
@@ -771,7 +772,7 @@ def test_publish_moves_the_last_file_last_and_leaves_no_temp(tmp_path, monkeypat
 
     moved = []
     real_replace = os.replace
-    monkeypatch.setattr(loading.os, "replace", lambda a, b: moved.append(pathlib_name(b)) or real_replace(a, b))
+    monkeypatch.setattr(loading.os, "replace", lambda a, b: moved.append(pathlib.Path(b).name) or real_replace(a, b))
 
     def write(folder):
         for name in ("z.json", "model.safetensors", "a.json"):
@@ -783,10 +784,6 @@ def test_publish_moves_the_last_file_last_and_leaves_no_temp(tmp_path, monkeypat
     loading._publish(lambda f: (f / "model.safetensors").write_text("again"), tmp_path / "out" / "m",
                      last="model.safetensors")  # a second writer replaces, it does not fail
     assert (tmp_path / "out" / "m" / "model.safetensors").read_text() == "again"
-
-
-def pathlib_name(p):
-    return str(p).rsplit("/", 1)[-1]
 
 
 def test_chat_prompt_ids_needs_a_template_and_returns_ints():

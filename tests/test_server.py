@@ -685,6 +685,9 @@ def test_serve_builds_the_c_kernel_before_the_model_and_maps_config_errors(serve
     assert serve_cli.main(["--port", "0", "--attention-backend", "c", "--dtype", "fp32"]) == 0
     assert serve_spies.calls[:2] == ["build", "check"]  # then the runner asks again (built: at once)
     assert serve_cli.main(["--port", "0", "--attention-backend", "c", "--dtype", "bf16"]) == 0
-    monkeypatch.setattr(serve_cli, "engine_config", lambda args: (_ for _ in ()).throw(ValueError("x=1 is bad")))
+
+    def bad_config(args):
+        raise ValueError("x=1 is bad")
+    monkeypatch.setattr(serve_cli, "engine_config", bad_config)
     assert serve_cli.main(["--port", "0"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == "python -m nano_engine serve: error: x=1 is bad"
