@@ -786,6 +786,29 @@ def test_publish_moves_the_last_file_last_and_leaves_no_temp(tmp_path, monkeypat
     assert (tmp_path / "out" / "m" / "model.safetensors").read_text() == "again"
 
 
+def test_publish_writes_in_a_hidden_temp_folder_beside_the_target(tmp_path):
+    seen = []
+
+    def write(folder):
+        seen.append(folder)
+        (folder / "model.safetensors").write_text("x")
+    loading._publish(write, tmp_path / "out" / "m", last="model.safetensors")
+    # beside the target: os.replace stays on one file system; hidden: a plain `ls` of the cache omits it
+    assert seen[0].parent == tmp_path / "out" and seen[0].name.startswith(".tmp-")
+    assert not seen[0].exists()
+
+
+def test_publish_keeps_the_writers_error_when_its_folder_is_already_gone(tmp_path):
+    import shutil
+
+    def write(folder):
+        shutil.rmtree(folder)  # the cleanup then finds nothing to remove: that must not hide this error
+        raise OSError("disk full")
+    with pytest.raises(OSError, match="^disk full$"):
+        loading._publish(write, tmp_path / "m", last="model.safetensors")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"] and not any((tmp_path / "m").iterdir())
+
+
 def test_chat_prompt_ids_needs_a_template_and_returns_ints():
     from types import SimpleNamespace
 
@@ -793,6 +816,8 @@ def test_chat_prompt_ids_needs_a_template_and_returns_ints():
         loading.chat_prompt_ids(SimpleNamespace(name_or_path="tok", chat_template=None), "hi")
     assert str(e.value) == ("tok: the tokenizer has no chat template (chat_template.jinja, or chat_template in "
                             "tokenizer_config.json)")
+    with pytest.raises(loading.ModelLoadError, match="^raw: the tokenizer has no chat template"):
+        loading.chat_prompt_ids(SimpleNamespace(name_or_path="raw"), "hi")  # no such attribute at all
     calls = []
 
     def apply(messages, **kwargs):
