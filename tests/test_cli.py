@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from nano_engine import Transformer, loading
 from nano_engine.__main__ import main
@@ -319,7 +320,10 @@ def test_help_says_what_it_runs(capsys):
                    "SmolLM2-135M-Instruct)", "a user message (repeat for more; default: the 6 chat prompts)",
                    "greedy tokens per prompt (default 24)", "torch threads (default: torch's choice)",
                    "print the traceback of a failure"]:
-        assert phrase in text, phrase
+        assert f" {phrase} " in f" {text} ", phrase  # whole: nothing glued to either end
+    from nano_engine import __main__ as entry
+
+    assert entry.__doc__.strip() in entry.build_parser().format_help()  # the description as written, line by line
 
 
 class _Refused(Exception):
@@ -385,6 +389,52 @@ def test_run_prints_the_table_the_trace_and_the_first_answer(capsys, good, monke
     assert lines[-2:] == ["", "identical: every config gives the single-request tokens, token for token"]
 
 
+def test_run_loads_in_its_dtype_and_prints_the_trace_and_an_answer_without_special_tokens(capsys, good, monkeypatch):
+    import time
+
+    from nano_engine import experiments
+
+    real = experiments.identity_check
+    got = {}
+
+    def capture(model, prompts, max_tokens, configs, **common):
+        result = got["result"] = real(model, prompts, max_tokens, configs, **common)
+        got["dtype"], got["eos"] = model.dtype, model.config.eos_token_id
+        result.reference[0] = result.reference[0] + [got["eos"]]  # an answer that stopped on EOS
+        return result
+    monkeypatch.setattr(experiments, "identity_check", capture)
+    start = time.perf_counter()
+    code, out, err = cli(capsys, "--model", str(good), "--dtype", "float64", "--max-tokens", "3", "--prompt", "w1")
+    took = time.perf_counter() - start
+    assert code == 0 and got["dtype"] == torch.float64
+    loaded = float(re.search(r", loaded in (\d+\.\d) s$", out.splitlines()[0]).group(1))
+    assert 0 <= loaded <= took + 0.05  # the time since the load began, not a clock reading
+    header = "first 6 steps at a 32-token budget (p = prefill chunk, d = decode, r = recompute):"
+    trace = experiments.format_trace(got["result"].engines["budget 32"].step_log)
+    assert f"\n{header}\n{trace}\n\n'w1' ->\n" in out
+    tok = loading.load_tokenizer(good)
+    answer = out.split("'w1' ->\n", 1)[1].splitlines()[0]
+    ref = got["result"].reference[0]
+    assert answer == repr(tok.decode(ref, skip_special_tokens=True)) != repr(tok.decode(ref))
+    assert tok.decode([got["eos"]]) not in answer
+
+
+def test_the_longest_prompt_may_fill_the_models_context_exactly(capsys, good, monkeypatch):
+    from nano_engine import experiments
+
+    def stop(*args, **kwargs):
+        raise RuntimeError("past the check")
+    monkeypatch.setattr(experiments, "identity_check", stop)
+    tok = loading.load_tokenizer(good)
+    fill = 256 - len(loading.chat_prompt_ids(tok, "w1"))  # the tiny model's max_position_embeddings = 256
+    code, _, err = cli(capsys, "--model", str(good), "--prompt", "w1", "--max-tokens", str(fill), "--block-size", "64")
+    assert code == 1 and err[-1].endswith("RuntimeError: past the check (--debug shows the traceback)")
+    code, _, err = cli(capsys, "--model", str(good), "--prompt", "w1", "--max-tokens", str(fill + 1),
+                       "--block-size", "64")
+    assert code == 2 and err[-1].endswith(f"the longest prompt and its output are 257 tokens, above the "
+                                          f"model's max_position_embeddings=256")
+
+
 def test_run_fails_with_the_configs_that_differ(capsys, good, monkeypatch):
     from nano_engine import experiments
 
@@ -395,13 +445,14 @@ def test_run_fails_with_the_configs_that_differ(capsys, good, monkeypatch):
         seen.update(common, max_tokens=max_tokens, configs=configs)
         result = real(model, prompts, max_tokens, configs, **common)
         for row in result.rows:
-            row.identical = row.name != "budget 32"
+            row.identical = row.name == "defaults"
         return result
     monkeypatch.setattr(experiments, "identity_check", differing)
     code, out, _ = cli(capsys, "--model", str(good), "--max-tokens", "2", "--prompt", "w1", "--no-prefix-caching",
                        "--max-num-seqs", "5", "--block-size", "8")
     assert code == 1
-    assert out.splitlines()[-2:] == ["", "FAIL: outputs differ from single-request generate under: budget 32"]
+    assert out.splitlines()[-2:] == ["", "FAIL: outputs differ from single-request generate under: budget 32, "
+                                         "budget 64, 10 blocks"]
     assert seen == {"block_size": 8, "max_num_seqs": 5, "enable_prefix_caching": False, "max_tokens": 2,
                     "configs": experiments.IDENTITY_CONFIGS}
 
@@ -462,3 +513,15 @@ def test_guarded_passes_an_int_exit_code_through_and_maps_any_other_to_2():
     assert guarded(build_parser(), [], lambda ap, args: _sys.exit(3)) == 3
     assert guarded(build_parser(), [], lambda ap, args: _sys.exit("bye")) == 2
     assert guarded(build_parser(), [], lambda ap, args: 0) == 0
+
+
+def test_guarded_reports_a_failure_inside_argparse_in_one_line(capsys):
+    from nano_engine.__main__ import build_parser, guarded
+
+    def never(ap, args):
+        raise AssertionError("run after a failed parse")
+    # A library caller's int in argv fails inside argparse, before any args exist (so --debug is unknown).
+    for argv in (["--max-tokens", 3], ["--debug", "--max-tokens", 3]):
+        assert guarded(build_parser(), argv, never) == 1
+        assert capsys.readouterr().err.splitlines() == [
+            f"{PREFIX}TypeError: 'int' object is not subscriptable (--debug shows the traceback)"]

@@ -583,7 +583,7 @@ def test_serve_help_says_what_each_flag_does(capsys):
                    "--enable-chunked-prefill, --no-enable-chunked-prefill",
                    "--enable-prefix-caching, --no-enable-prefix-caching",
                    "--num-gpu-blocks-override NUM_BLOCKS, --num-kv-blocks NUM_BLOCKS"]:
-        assert phrase in text, phrase
+        assert f" {phrase} " in f" {text} ", phrase  # whole: nothing glued to either end
     assert "    python -m nano_engine serve --port 8000" in serve_cli.build_parser().format_help()  # kept as written
 
 
@@ -637,7 +637,9 @@ def test_serve_run_hands_its_flags_to_the_model_uvicorn_and_sigterm(serve_spies)
     assert seen.tokenizers == ["resolved-path"]
     assert seen.configs == [{"host": "127.0.0.2", "port": 0, "log_level": "error", "timeout_graceful_shutdown": 5}]
     assert seen.signals == [(signal.SIGTERM, serve_cli._exit_cleanly)] and seen.threads == [3]
-    assert len(seen.apps) == 1
+    [app] = seen.apps  # the app uvicorn serves is build_app's, under the served name ("m" of m.gguf)
+    assert app.state.serving.model_name == app.state.metrics.model_name == "m"
+    assert not app.state.serving.llm._thread.is_alive()  # its AsyncLLM, shut down when uvicorn returned
     with pytest.raises(SystemExit) as e:
         serve_cli._exit_cleanly(15, None)
     assert e.value.code == 0
