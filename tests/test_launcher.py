@@ -30,6 +30,9 @@ FAKE_SERVE = textwrap.dedent('''
     ctypes.CDLL("libc.so.6").prctl(2, ctypes.byref(sig))  # PR_GET_PDEATHSIG
     print("argv " + json.dumps(sys.argv[1:]), flush=True)
     print("pdeathsig %d env %s" % (sig.value, os.environ.get("FAKE_TAG")), flush=True)
+    if mode == "bytes":  # UTF-8 text, then a byte that is not UTF-8 at all
+        sys.stdout.buffer.write(b"caf\\xc3\\xa9 \\xff\\n")
+        sys.stdout.flush()
     if mode == "exit":
         print("x" * 2500 + "the end", flush=True)
         sys.exit(3)
@@ -131,6 +134,47 @@ def test_start_runs_serve_on_loopback_and_a_free_port_and_waits_for_health(fake)
     assert server not in launcher._LIVE and server.stop() is None
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{server.url}/health")
+
+
+def test_only_linux_children_get_a_parent_death_signal(fake, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(sys, "platform", "darwin")  # prctl is Linux's: elsewhere the child is started plainly
+        server = ServerProcess().start()
+    assert line(server, "pdeathsig ") == "0 env None" and server.stop() == 0
+
+
+def test_the_wait_polls_every_tenth_of_a_second_and_each_health_check_gives_up_in_10_s(fake, monkeypatch):
+    sleeps, timeouts = [], []
+    real_sleep, real_get = time.sleep, httpx.get
+
+    def sleep(seconds):
+        sleeps.append(seconds)
+        real_sleep(seconds)
+
+    def get(url, **kwargs):
+        timeouts.append(kwargs.get("timeout", "httpx's default"))
+        return real_get(url, **kwargs)
+    monkeypatch.setattr(launcher.time, "sleep", sleep)
+    monkeypatch.setattr(launcher.httpx, "get", get)
+    server = ServerProcess(env={"FAKE_503": "2"}).start()
+    # A new child prints nothing for a while (the log is read at once, then every 0.1 s); /health says 503
+    # twice. A /health that hangs (an engine stuck in a step) fails after 10 s rather than never.
+    assert len(sleeps) >= 3 and set(sleeps) == {0.1}
+    assert timeouts == [10, 10, 10]
+    assert server.stop() == 0
+
+
+def test_the_log_reads_as_utf8_whatever_the_locale_and_a_bad_byte_does_not_stop_it(fake):
+    import locale
+
+    server = ServerProcess(env={"FAKE_MODE": "bytes"}).start()
+    saved = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")  # an ASCII locale: open() without an encoding would mangle "é"
+    try:
+        text = server.log_text()
+    finally:
+        locale.setlocale(locale.LC_CTYPE, saved)
+    assert "\ncaf\u00e9 \ufffd\n" in text and server.stop() == 0
 
 
 def test_metrics_sums_each_name_over_its_labels(fake):
