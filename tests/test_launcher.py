@@ -129,7 +129,10 @@ def test_start_runs_serve_on_loopback_and_a_free_port_and_waits_for_health(fake)
     proc, log = server.proc, server._log.name
     name = os.path.basename(log)  # a log a person can tell apart in /tmp
     assert name.startswith("nano_engine_serve_") and name.endswith(".log")
+    waits, real_wait = [], proc.wait
+    proc.wait = lambda timeout=None: waits.append(timeout) or real_wait(timeout)
     assert server.stop() == 0 and proc.returncode == 0  # SIGTERM, then a clean exit
+    assert waits == [30.0]  # the default grace before SIGKILL: serve's own shutdown takes up to 5 s + a step
     assert server.proc is None and server._log is None and not os.path.exists(log)
     assert server not in launcher._LIVE and server.stop() is None
     with pytest.raises(httpx.ConnectError):
