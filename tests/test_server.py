@@ -446,6 +446,7 @@ PROTOCOL_REFUSALS = [  # (request class, body, the param named, the whole messag
     (Chat, {**_m, "top_logprobs": 21, "logprobs": True}, "top_logprobs", "top_logprobs=21 must be in [0, 20]"),
     (Chat, {**_m, "top_logprobs": -1, "logprobs": True}, "top_logprobs", "top_logprobs=-1 must be in [0, 20]"),
     (Chat, {**_m, "top_logprobs": 2}, "top_logprobs", "top_logprobs=2 needs logprobs=true"),
+    (Chat, {**_m, "top_logprobs": 1}, "top_logprobs", "top_logprobs=1 needs logprobs=true"),  # the smallest k > 0
     (Comp, {**_c, "top_logprobs": 2}, "top_logprobs",
      "top_logprobs is a chat parameter: completions take logprobs=<int>"),
     (Chat, {**_m, "response_format": {"type": "json_object"}}, "response_format",
