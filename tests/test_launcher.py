@@ -147,15 +147,19 @@ def test_only_linux_children_get_a_parent_death_signal(fake, monkeypatch):
 
 
 def test_the_wait_polls_every_tenth_of_a_second_and_each_health_check_gives_up_in_10_s(fake, monkeypatch):
-    sleeps, timeouts = [], []
-    real_sleep, real_get = time.sleep, httpx.get
+    import threading
 
-    def sleep(seconds):
-        sleeps.append(seconds)
+    sleeps, timeouts = [], []
+    real_sleep, real_get, me = time.sleep, httpx.get, threading.get_ident()
+
+    def sleep(seconds):  # start() waits in the caller's thread: only this one's calls count
+        if threading.get_ident() == me:
+            sleeps.append(seconds)
         real_sleep(seconds)
 
     def get(url, **kwargs):
-        timeouts.append(kwargs.get("timeout", "httpx's default"))
+        if threading.get_ident() == me:
+            timeouts.append(kwargs.get("timeout", "httpx's default"))
         return real_get(url, **kwargs)
     monkeypatch.setattr(launcher.time, "sleep", sleep)
     monkeypatch.setattr(launcher.httpx, "get", get)
