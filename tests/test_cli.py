@@ -426,13 +426,14 @@ def test_the_longest_prompt_may_fill_the_models_context_exactly(capsys, good, mo
         raise RuntimeError("past the check")
     monkeypatch.setattr(experiments, "identity_check", stop)
     tok = loading.load_tokenizer(good)
-    fill = 256 - len(loading.chat_prompt_ids(tok, "w1"))  # the tiny model's max_position_embeddings = 256
+    limit = json.loads((good / "config.json").read_text())["max_position_embeddings"]
+    fill = limit - len(loading.chat_prompt_ids(tok, "w1"))
     code, _, err = cli(capsys, "--model", str(good), "--prompt", "w1", "--max-tokens", str(fill), "--block-size", "64")
     assert code == 1 and err[-1].endswith("RuntimeError: past the check (--debug shows the traceback)")
     code, _, err = cli(capsys, "--model", str(good), "--prompt", "w1", "--max-tokens", str(fill + 1),
                        "--block-size", "64")
-    assert code == 2 and err[-1].endswith(f"the longest prompt and its output are 257 tokens, above the "
-                                          f"model's max_position_embeddings=256")
+    assert code == 2 and err[-1].endswith(f"the longest prompt and its output are {limit + 1} tokens, above the "
+                                          f"model's max_position_embeddings={limit}")
 
 
 def test_run_fails_with_the_configs_that_differ(capsys, good, monkeypatch):
