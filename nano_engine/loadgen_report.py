@@ -9,7 +9,6 @@ rate that was offered. The role of vLLM's `vllm/benchmarks/sweep/plot.py`, in on
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 from .benchmark_metrics import METRIC_NAMES
@@ -39,7 +38,7 @@ def parse_rates(text: str) -> list[float]:
 
 
 def _rate(result: dict) -> float:
-    return math.inf if result["request_rate"] == "inf" else float(result["request_rate"])
+    return float(result["request_rate"])  # a number, or "inf" as vLLM saves an unbounded rate
 
 
 def _top_percentile(result: dict, metric: str) -> str | None:

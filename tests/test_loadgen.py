@@ -337,6 +337,83 @@ def test_bad_library_arguments_raise_early():
         asyncio.run(run_benchmark([], "http://127.0.0.1:9"))
 
 
+def sweep_result(rate, completed, scale, goodput=None):
+    """What loadgen.benchmark returns, cut to what the report reads: TTFT with three percentiles
+    (p9 sorts last as text, p99.9 last as a number), TPOT with a median only."""
+    r = {"request_rate": rate, "completed": completed, "failed": 10 - completed, "request_throughput": 1.234 * scale,
+         "output_throughput": 56.78 * scale, "median_ttft_ms": 12.34 * scale, "p9_ttft_ms": 5.0,
+         "p50_ttft_ms": 12.0, "p99.9_ttft_ms": 45.67 * scale, "median_tpot_ms": 3.21 * scale}
+    if goodput is not None:
+        r["request_goodput"] = goodput
+    return r
+
+
+def test_sweep_table_reads_each_result_in_its_own_row():
+    rows = [sweep_result(2.0, 9, 1.0, goodput=0.5), sweep_result("inf", 7, 2.0, goodput=0.25)]
+    assert sweep_table(rows) == "\n".join([
+        "| rate (req/s) | done | failed | req/s | output tok/s | TTFT median / p99.9 (ms) | TPOT median (ms) "
+        "| goodput (req/s) |",
+        "|---|---|---|---|---|---|---|---|",
+        "| 2 | 9 | 1 | 1.23 | 56.8 | 12.3 / 45.7 | 3.2 | 0.50 |",
+        "| inf | 7 | 3 | 2.47 | 113.6 | 24.7 / 91.3 | 6.4 | 0.25 |"])
+    assert sweep_table([sweep_result(0.5, 10, 1.0)]).splitlines()[-1] == "| 0.5 | 10 | 0 | 1.23 | 56.8 | 12.3 / 45.7 | 3.2 |"
+
+
+def test_sweep_plot_draws_each_metric_against_achieved_throughput(tmp_path):
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+
+    rows = [sweep_result(2.0, 9, 1.0), sweep_result("inf", 7, 2.0)]
+    fig = plot_sweep(rows, tmp_path / "p.png")
+    assert tuple(fig.get_size_inches()) == pytest.approx((8.4, 3.6))
+    assert isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
+    assert fig.get_suptitle() == "latency vs throughput (labels: offered request rate)"
+    ttft, tpot = fig.axes
+    assert ttft.get_position().y0 == pytest.approx(tpot.get_position().y0) and ttft.get_position().x1 < tpot.get_position().x0
+    for ax, label, ys in [(ttft, "TTFT", [12.34, 24.68]), (tpot, "TPOT", [3.21, 6.42])]:
+        assert (ax.get_title(), ax.get_xlabel(), ax.get_ylabel()) == (label, "achieved output throughput (tokens/s)",
+                                                                      f"{label} (ms)")
+        median = ax.lines[0]
+        assert list(median.get_xdata()) == [56.78, 113.56] and list(median.get_ydata()) == pytest.approx(ys)
+        assert (median.get_marker(), median.get_linestyle(), median.get_label()) == ("o", "-", "median")
+        notes = [(t.get_text(), t.xy, t.xyann, t.anncoords, t.get_fontsize()) for t in ax.texts]
+        assert notes == [("2/s", (56.78, ys[0]), (4, 4), "offset points", 8),
+                         ("inf/s", (113.56, ys[1]), (4, 4), "offset points", 8)]
+        assert all(g.get_visible() and g.get_alpha() == 0.3 for g in ax.xaxis.get_gridlines())
+        assert [t.get_fontsize() for t in ax.get_legend().get_texts()] == [8] * len(ax.lines)
+    assert len(tpot.lines) == 1  # no percentile stored for TPOT
+    top = ttft.lines[1]
+    assert (top.get_marker(), top.get_linestyle(), top.get_label()) == ("s", "--", "p99.9")
+    assert list(top.get_xdata()) == [56.78, 113.56] and list(top.get_ydata()) == pytest.approx([45.67, 91.34])
+    import PIL.Image
+    assert PIL.Image.open(tmp_path / "p.png").size == (1008, 432)  # 8.4 x 3.6 inches at 120 dpi
+    assert plot_sweep(rows[:1], title="one rate").get_suptitle() == "one rate"
+
+
+def test_sweep_runs_one_benchmark_per_rate_with_the_same_arguments(monkeypatch):
+    calls = []
+
+    def fake_benchmark(requests, base_url, **kw):
+        calls.append((requests, base_url, kw))
+        return {"rate": kw["request_rate"]}
+
+    monkeypatch.setattr(loadgen, "benchmark", fake_benchmark)
+    requests = reqs(2)
+    assert sweep(requests, [1.0, math.inf], seed=3) == [{"rate": 1.0}, {"rate": math.inf}]
+    assert calls == [(requests, "http://127.0.0.1:8000", {"request_rate": 1.0, "seed": 3}),
+                     (requests, "http://127.0.0.1:8000", {"request_rate": math.inf, "seed": 3})]
+
+
+def test_parse_rates_names_the_bad_part():
+    from nano_engine.loadgen_report import parse_rates
+
+    assert parse_rates("1, 2.5,inf") == [1.0, 2.5, math.inf]
+    for text, message in [("1, fast", "'fast' is not a number of requests/s (or inf)"),
+                          ("2,-1", "'-1': a request rate must be > 0 (or inf)")]:
+        with pytest.raises(ValueError) as e:
+            parse_rates(text)
+        assert str(e.value) == message
+
+
 # ----- datasets -----
 
 def test_random_lengths_stay_in_the_range_and_avoid_special_ids(tokenizer):
@@ -379,6 +456,148 @@ def test_w2_loads_as_recorded():
     assert get_samples("w2", 66)[65].prompt == data[1]["prompt_ids"]  # cycles in order
     with pytest.raises(FileNotFoundError, match="W2 workload not found"):
         get_samples("w2", 1, dataset_path="/nonexistent/w2.json")
+
+
+def vllm_random_draws(seed, n, lo, hi, out_lo, out_hi, vocab_size):
+    """vLLM's RandomDataset draws, in its order, from one generator: input lengths, output lengths,
+    then each prompt's offset into the vocabulary."""
+    rng = np.random.default_rng(seed)
+    return (rng.integers(lo, hi + 1, size=n), rng.integers(out_lo, out_hi + 1, size=n),
+            rng.integers(0, vocab_size, size=n))
+
+
+@pytest.mark.parametrize("seed, input_len, output_len, ratio", [(0, 6, 4, 0.0), (3, 20, 10, 0.5), (7, 12, 1, 0.9)])
+def test_random_prompts_are_vllms_draws_as_runs_of_allowed_ids(tokenizer, seed, input_len, output_len, ratio):
+    out = get_samples("random", 40, tokenizer=tokenizer, random_input_len=input_len, random_output_len=output_len,
+                      random_range_ratio=ratio, seed=seed)
+    lo, hi = math.floor(input_len * (1 - ratio)), math.ceil(input_len * (1 + ratio))
+    out_lo = max(math.floor(output_len * (1 - ratio)), 1)
+    in_lens, out_lens, offsets = vllm_random_draws(seed, 40, lo, hi, out_lo, math.ceil(output_len * (1 + ratio)), 15)
+    allowed = list(range(3, 15))  # the tiny vocabulary without its special ids 0-2
+    assert [r.expected_output_len for r in out] == out_lens.tolist()
+    for i, r in enumerate(out):
+        start = (offsets[i] + i) % len(allowed)
+        assert r.prompt == [allowed[(start + k) % len(allowed)] for k in range(in_lens[i])]
+        assert r.prompt_len == in_lens[i] and r.ignore_eos is False
+
+
+def test_random_defaults_and_edges(tokenizer):
+    default = loadgen_datasets.random_requests(tokenizer, 3)
+    assert [(r.prompt_len, len(r.prompt), r.expected_output_len) for r in default] == [(1024, 1024, 128)] * 3
+    assert isinstance(default[0].prompt, list)
+    assert default == loadgen_datasets.random_requests(tokenizer, 3, 1024, 128, 0.0, seed=0)
+    assert default != loadgen_datasets.random_requests(tokenizer, 3, 1024, 128, 0.0, seed=1)
+    assert get_samples("random", 3, tokenizer=tokenizer) == default  # vLLM's defaults
+    assert get_samples("random", 3, tokenizer=tokenizer, seed=5) == loadgen_datasets.random_requests(tokenizer, 3,
+                                                                                                      seed=5)
+    # The shortest lengths: one prompt token, one output token, with and without a range.
+    one = get_samples("random", 20, tokenizer=tokenizer, random_input_len=1, random_output_len=1)
+    assert all(r.prompt_len == 1 and r.expected_output_len == 1 for r in one)
+    ranged = get_samples("random", 40, tokenizer=tokenizer, random_input_len=2, random_output_len=1,
+                         random_range_ratio=0.5, seed=4)
+    assert {r.prompt_len for r in ranged} == {1, 2, 3} and {r.expected_output_len for r in ranged} == {1, 2}
+    assert len(get_samples("random", 1, tokenizer=tokenizer, random_input_len=2)) == 1
+
+
+def test_random_offsets_reach_the_whole_vocabulary():
+    """With no special ids, prompt i starts at (offset_i + i) mod vocabulary: every offset occurs."""
+    tok = FakeVocab(vocab_size=4, special=[])
+    out = loadgen_datasets.random_requests(tok, 200, input_len=1, output_len=1, seed=0)
+    assert {(r.prompt[0] - i) % 4 for i, r in enumerate(out)} == {0, 1, 2, 3}
+
+
+class FakeVocab:
+    def __init__(self, vocab_size, special):
+        self.vocab_size, self.all_special_ids = vocab_size, special
+
+    def decode(self, ids):
+        return " ".join(f"w{i}" for i in ids)
+
+
+def test_a_vocabulary_of_one_allowed_id_works_and_of_none_is_refused():
+    one = FakeVocab(vocab_size=3, special=[0, 2])
+    assert [r.prompt for r in loadgen_datasets.random_requests(one, 2, input_len=3, output_len=1)] == [[1, 1, 1]] * 2
+    assert {tuple(r.prompt) for r in loadgen_datasets.prefix_repetition_requests(one, 2, 2, 1, 2, 1)} == {(1, 1, 1)}
+    with pytest.raises(ValueError) as e:
+        loadgen_datasets.random_requests(FakeVocab(vocab_size=2, special=[0, 1]), 1, 1, 1)
+    assert str(e.value) == "the tokenizer's vocabulary (2 ids) holds only special tokens"
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda t: loadgen_datasets.random_requests(t, 0), "num_prompts must be an integer >= 1, got 0"),
+    (lambda t: loadgen_datasets.random_requests(t, 2.5), "num_prompts must be an integer >= 1, got 2.5"),
+    (lambda t: loadgen_datasets.random_requests(t, "3"), "num_prompts must be an integer >= 1, got '3'"),
+    (lambda t: loadgen_datasets.random_requests(t, True), "num_prompts must be an integer >= 1, got True"),
+    (lambda t: loadgen_datasets.random_requests(t, 1, input_len=0), "random_input_len must be an integer >= 1, got 0"),
+    (lambda t: loadgen_datasets.random_requests(t, 1, output_len=-1),
+     "random_output_len must be an integer >= 1, got -1"),
+    (lambda t: loadgen_datasets.random_requests(t, 1, range_ratio=1.0), "random_range_ratio must be in [0, 1), got 1.0"),
+    (lambda t: loadgen_datasets.random_requests(t, 1, range_ratio=1.5), "random_range_ratio must be in [0, 1), got 1.5"),
+    (lambda t: loadgen_datasets.random_requests(t, 1, range_ratio=-0.1),
+     "random_range_ratio must be in [0, 1), got -0.1"),
+    (lambda t: loadgen_datasets.random_requests(t, 1, input_len=1, range_ratio=0.5),
+     "random_input_len=1 with random_range_ratio=0.5 can draw an empty prompt (the shortest is floor(1 x 0.5) = 0)"),
+    (lambda t: loadgen_datasets.prefix_repetition_requests(t, 0), "num_prompts must be an integer >= 1, got 0"),
+    (lambda t: loadgen_datasets.prefix_repetition_requests(t, 1, prefix_len=-1),
+     "prefix_repetition_prefix_len must be an integer >= 0, got -1"),
+    (lambda t: loadgen_datasets.prefix_repetition_requests(t, 1, suffix_len=-2),
+     "prefix_repetition_suffix_len must be an integer >= 0, got -2"),
+    (lambda t: loadgen_datasets.prefix_repetition_requests(t, 1, num_prefixes=0),
+     "prefix_repetition_num_prefixes must be an integer >= 1, got 0"),
+    (lambda t: loadgen_datasets.prefix_repetition_requests(t, 1, num_prefixes=1, output_len=0),
+     "prefix_repetition_output_len must be an integer >= 1, got 0"),
+    (lambda t: loadgen_datasets.prefix_repetition_requests(t, 1, prefix_len=0, suffix_len=0, num_prefixes=1),
+     "prefix_repetition_prefix_len + prefix_repetition_suffix_len must be >= 1, got 0"),
+    (lambda t: loadgen_datasets.w2_requests(0), "num_prompts must be an integer >= 1, got 0"),
+    (lambda t: get_samples("sharegpt", 1), "dataset_name must be one of random, w2, prefix_repetition, got 'sharegpt'"),
+    (lambda t: get_samples("random", 1, tokenizer=t, dataset_path="w2.json"),
+     "dataset_path is for the w2 dataset only, got 'w2.json' with 'random'"),
+    (lambda t: get_samples("prefix_repetition", 10), "the prefix_repetition dataset needs a tokenizer (its vocabulary "
+                                                     "and special ids)"),
+])
+def test_bad_dataset_arguments_name_the_value_and_the_limit(tokenizer, call, message):
+    with pytest.raises(ValueError) as e:
+        call(tokenizer)
+    assert str(e.value) == message
+
+
+def test_prefix_repetition_defaults_seeds_text_and_short_parts(tokenizer):
+    default = loadgen_datasets.prefix_repetition_requests(tokenizer, 10)
+    assert [(r.prompt_len, r.expected_output_len) for r in default] == [(512, 128)] * 10  # vLLM's defaults
+    assert len({tuple(r.prompt[:256]) for r in default}) == 10 and isinstance(default[0].prompt, list)
+    assert default == loadgen_datasets.prefix_repetition_requests(tokenizer, 10, seed=0)
+    assert default != loadgen_datasets.prefix_repetition_requests(tokenizer, 10, seed=1)
+    assert get_samples("prefix_repetition", 10, tokenizer=tokenizer) == default
+    kw = dict(prefix_repetition_prefix_len=3, prefix_repetition_suffix_len=2, prefix_repetition_num_prefixes=2)
+    ids = get_samples("prefix_repetition", 4, tokenizer=tokenizer, seed=6, **kw)
+    assert ids == loadgen_datasets.prefix_repetition_requests(tokenizer, 4, 3, 2, 2, seed=6)
+    text = get_samples("prefix_repetition", 4, tokenizer=tokenizer, seed=6, as_text=True, **kw)
+    assert [r.prompt for r in text] == [tokenizer.decode(r.prompt) for r in ids]
+    assert [r.prompt_len for r in text] == [5] * 4
+    assert all(len(r.prompt) == 1 for r in loadgen_datasets.prefix_repetition_requests(tokenizer, 2, 0, 1, 1, 1))
+    assert all(len(r.prompt) == 1 for r in loadgen_datasets.prefix_repetition_requests(tokenizer, 2, 1, 0, 1, 1))
+
+
+def test_prefix_repetition_draws_from_every_allowed_id(tokenizer):
+    out = get_samples("prefix_repetition", 60, tokenizer=tokenizer, prefix_repetition_prefix_len=4,
+                      prefix_repetition_suffix_len=4, prefix_repetition_num_prefixes=30)
+    assert {i for r in out for i in r.prompt[:4]} == set(range(3, 15))
+    assert {i for r in out for i in r.prompt[4:]} == set(range(3, 15))
+
+
+def test_w2_defaults_and_a_record_without_ignore_eos(tmp_path, monkeypatch):
+    w2 = loadgen_datasets.w2_requests()
+    assert len(w2) == 64 and isinstance(w2[0].prompt, list) and get_samples("w2", None) == w2
+    data = json.loads(loadgen_datasets.find_w2().read_text())
+    for r in data["requests"]:
+        del r["ignore_eos"]
+    path = tmp_path / "w2.json"
+    path.write_text(json.dumps(data))
+    assert not any(r.ignore_eos for r in get_samples("w2", 3, dataset_path=str(path)))
+    monkeypatch.setattr(loadgen_datasets, "W2_PATHS", (tmp_path / "a.json", tmp_path / "b.json"))
+    with pytest.raises(FileNotFoundError) as e:
+        loadgen_datasets.find_w2()
+    assert str(e.value) == f"W2 workload not found; looked for {tmp_path / 'a.json'}, {tmp_path / 'b.json'}"
 
 
 # ----- the command line -----
