@@ -325,7 +325,14 @@ class AsyncLLM:
                 self.engine.abort(rid)
             except Exception:
                 logger.exception("abort of %s during shutdown failed", rid)
-        self._publish()
+        try:
+            self._publish()
+        except Exception:
+            logger.exception("the last outputs could not be handed out")
+        # A request the broken engine could not end: its caller hears why instead of waiting forever.
+        for rid, stream in list(self._streams.items()):
+            del self._streams[rid]
+            self._deliver(stream, EngineDeadError(f"the engine stopped before request {rid} finished ({self.dead or 'shut down'})"))
 
 
 def _settle(future: asyncio.Future, error: BaseException | None) -> None:

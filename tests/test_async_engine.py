@@ -6,6 +6,7 @@ embedded model in test_server.py and test_detokenizer.py)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 
@@ -126,7 +127,7 @@ def test_a_refused_request_raises_in_the_caller_and_queues_nothing(make):
     assert llm.engine.block_pool.num_free == 4
 
 
-def test_a_failing_step_ends_its_requests_with_error_and_the_engine_serves_on(tiny, make, monkeypatch):
+def test_a_failing_step_ends_its_requests_with_error_and_the_engine_serves_on(tiny, make, monkeypatch, caplog):
     llm = make()
     real = llm.engine.runner.forward
     calls = {"n": 0}
@@ -139,8 +140,11 @@ def test_a_failing_step_ends_its_requests_with_error_and_the_engine_serves_on(ti
 
     monkeypatch.setattr(llm.engine.runner, "forward", flaky)
     sp = SamplingParams(max_tokens=5, ignore_eos=True)
-    first = run(collect(llm, [1, 2, 3], sp))
+    with caplog.at_level(logging.ERROR, logger="nano_engine.async_engine"):
+        first = run(collect(llm, [1, 2, 3], sp))
     assert first[-1].finished and first[-1].finish_reason == "error"
+    assert [(r.getMessage(), r.exc_info[1].args) for r in caplog.records] == [("engine step 1 failed",
+                                                                              ("injected fault",))]
     again = run(collect(llm, [1, 2, 3], sp))
     want = LLMEngine(tiny).generate([[1, 2, 3]], sp)[0].output_ids
     assert [t for o in again for t in o.new_token_ids] == want
@@ -187,9 +191,12 @@ def test_build_makes_the_engine_in_the_engine_thread_and_serves_it(tiny):
     assert not llm._thread.is_alive()
 
 
+def no_model():
+    raise FileNotFoundError("no model at /nowhere")
+
+
 @pytest.mark.parametrize("make_engine, error, text", [
-    (lambda: (_ for _ in ()).throw(FileNotFoundError("no model at /nowhere")), FileNotFoundError,
-     "no model at /nowhere"),
+    (no_model, FileNotFoundError, "no model at /nowhere"),
     (lambda: "not an engine", TypeError, "got str"),
 ])
 def test_build_raises_what_make_engine_raised_and_leaves_no_thread(make_engine, error, text):
@@ -198,3 +205,202 @@ def test_build_raises_what_make_engine_raised_and_leaves_no_thread(make_engine, 
         AsyncLLM.build(make_engine)
     assert text in str(e.value)
     assert {t for t in threading.enumerate() if t.name == "nano_engine-core"} == before
+
+
+class WordsTokenizer:
+    """Enough of a tokenizer for the detokenizer: id i reads " w<i>"."""
+
+    def decode(self, ids, **kwargs):
+        return "".join(f" w{i}" for i in ids)
+
+
+def test_the_engine_thread_is_a_named_daemon_with_the_callers_hook_and_tokenizer(tiny):
+    """Both ways in: a daemon thread (a process that forgets shutdown() still exits), named for
+    py-spy and logs, calling the on_output given; build() attaches the tokenizer given."""
+    seen, tokenizer = [], WordsTokenizer()
+    with pytest.raises(TypeError) as e:
+        AsyncLLM("an engine")
+    assert str(e.value) == "engine must be an LLMEngine, got str"
+    direct = AsyncLLM(LLMEngine(tiny), on_output=seen.append)
+    built = AsyncLLM.build(lambda: LLMEngine(tiny), tokenizer, on_output=seen.append)
+    try:
+        assert built.tokenizer is tokenizer and built.engine.tokenizer is tokenizer
+        for llm in (direct, built):
+            assert llm._thread.daemon and llm._thread.name == "nano_engine-core"
+            outs = run(collect(llm, [1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True)))
+            assert seen[-len(outs):] == outs
+        ids = [t for o in outs for t in o.new_token_ids]
+        assert "".join(o.new_text for o in outs) == tokenizer.decode(ids)  # built's text, by its tokenizer
+    finally:
+        direct.shutdown()
+        built.shutdown()
+
+
+def test_generate_passes_the_request_id_and_the_engines_keywords(make):
+    llm = make()
+    priorities = []
+    llm.on_output = lambda out: priorities.append(llm.engine.requests[out.request_id].priority)
+    outs = run(collect(llm, [1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True), request_id="mine",
+                       priority=7))
+    assert {o.request_id for o in outs} == {"mine"} and priorities[0] == 7
+
+
+def blocked_engine(llm, monkeypatch):
+    """Make the engine thread's next forward pass wait: returns (entered, release) events."""
+    entered, release, real = threading.Event(), threading.Event(), llm.engine.runner.forward
+
+    def forward(batch):
+        entered.set()
+        assert release.wait(30), "the test never released the forward pass"
+        return real(batch)
+
+    monkeypatch.setattr(llm.engine.runner, "forward", forward)
+    return entered, release
+
+
+def test_shutdown_waits_thirty_seconds_by_default_and_no_longer_than_asked(make, monkeypatch):
+    llm = make()
+    entered, release = blocked_engine(llm, monkeypatch)
+    try:
+        async def main():
+            await llm.add_request([1, 2, 3], SamplingParams(max_tokens=50, ignore_eos=True))
+            assert await asyncio.to_thread(entered.wait, 10)
+            t0 = time.monotonic()
+            llm.shutdown(timeout=0.2)  # the step is still running: give up waiting, do not hang
+            return time.monotonic() - t0
+
+        assert run(main()) < 5 and llm._thread.is_alive()
+    finally:
+        release.set()
+    llm._thread.join(10)
+    assert not llm._thread.is_alive()
+    waits, real_join = [], llm._thread.join
+    monkeypatch.setattr(llm._thread, "join", lambda timeout=None: waits.append(timeout) or real_join(timeout))
+    llm.shutdown()
+    assert waits == [30.0]
+
+
+def test_shutdown_refuses_the_adds_still_queued_and_skips_queued_aborts(make, monkeypatch):
+    """A request added while a step runs waits in the command queue; a shutdown in that step ends
+    the thread before the queue is read: the caller gets EngineDeadError, not a wait forever."""
+    llm = make()
+    entered, release = blocked_engine(llm, monkeypatch)
+    try:
+        async def main():
+            running = await llm.add_request([1, 2, 3], SamplingParams(max_tokens=50, ignore_eos=True))
+            assert await asyncio.to_thread(entered.wait, 10)
+            pending = asyncio.ensure_future(llm.add_request([4, 5], SamplingParams(max_tokens=2)))
+            gone = asyncio.ensure_future(llm.add_request([6, 7], SamplingParams(max_tokens=2), "gone"))
+            await asyncio.sleep(0)
+            gone.cancel()  # a caller that gives up queues an abort behind its add
+            await asyncio.sleep(0)
+            assert [c[0] for c in llm._commands] == ["add", "add", "abort"] and gone.cancelled()
+            stopper = threading.Thread(target=llm.shutdown)
+            stopper.start()
+            while not llm._stopping:
+                await asyncio.sleep(0.01)
+            release.set()
+            with pytest.raises(EngineDeadError) as e:
+                await asyncio.wait_for(pending, 10)
+            assert str(e.value) == "the engine shut down before the request was added"
+            last = [out async for out in running][-1]
+            stopper.join(10)
+            return last
+
+        last = asyncio.run(main())
+    finally:
+        release.set()
+    assert last.finished and last.finish_reason == "abort" and not llm.engine.requests
+
+
+def test_an_engine_keeps_its_own_tokenizer_and_shares_its_lock(tiny):
+    own, given = WordsTokenizer(), WordsTokenizer()
+    llm = AsyncLLM(LLMEngine(tiny, own), given)
+    try:
+        assert llm.engine.tokenizer is own and llm.tokenizer is given  # the engine's stop strings use its own
+        assert llm.tokenizer_lock is llm.engine.tokenizer_lock
+    finally:
+        llm.shutdown()
+    bare = AsyncLLM(LLMEngine(tiny))
+    try:
+        assert bare.tokenizer is None and bare.engine.tokenizer is None
+    finally:
+        bare.shutdown()
+
+
+def test_each_turn_of_the_engine_loop_is_one_step_for_a_lone_request(make):
+    llm = make()
+    time.sleep(0.1)
+    assert llm.num_wakeups == 0  # nothing to do yet: the thread waits from the start
+    run(collect(llm, [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True)))
+    assert llm.engine.stats.steps == 4 and llm.num_wakeups == 4
+
+
+class Bug(Exception):
+    pass
+
+
+@pytest.mark.parametrize("broken", ["nothing else", "abort", "publish"])
+def test_a_bug_in_the_engine_thread_marks_it_dead_and_tells_every_caller(make, monkeypatch, caplog, broken):
+    """A bug outside a step (here in _publish) ends the engine thread: it records why, logs it,
+    ends each request with "abort", or, where the abort or the last publish fails too, raises
+    EngineDeadError in its caller: nobody waits forever on a dead engine."""
+    llm = make()
+    real_publish, armed = llm._publish, []
+
+    def publish():
+        if armed:
+            if broken != "publish":
+                armed.clear()
+            raise Bug("bug in publish")
+        real_publish()
+
+    def broken_abort(request_id):
+        raise Bug(f"cannot abort {request_id}")
+
+    monkeypatch.setattr(llm, "_publish", publish)
+    if broken == "abort":
+        monkeypatch.setattr(llm.engine, "abort", broken_abort)
+
+    async def main():
+        stream = await llm.add_request([1, 2, 3], SamplingParams(max_tokens=500, ignore_eos=True), "r")
+        got = []
+        try:
+            async for out in stream:
+                got.append(out)
+                armed.append(True)
+        except EngineDeadError as e:
+            return got, e
+        return got, None
+
+    with caplog.at_level(logging.ERROR, logger="nano_engine.async_engine"):
+        got, error = asyncio.run(asyncio.wait_for(main(), 20))
+    llm._thread.join(10)
+    assert not llm._thread.is_alive() and isinstance(llm.dead, Bug) and str(llm.dead) == "bug in publish"
+    logged = [(r.getMessage(), r.exc_info is not None) for r in caplog.records]
+    assert ("the engine thread died", True) in logged
+    if broken == "nothing else":
+        assert error is None and got[-1].finished and got[-1].finish_reason == "abort"
+    else:
+        assert not got[-1].finished and str(error) == "the engine stopped before request r finished (bug in publish)"
+        assert {"abort": ("abort of r during shutdown failed", True),
+                "publish": ("the last outputs could not be handed out", True)}[broken] in logged
+    with pytest.raises(EngineDeadError) as e:
+        run(llm.add_request([1], SamplingParams()))
+    assert str(e.value) == "the engine is not running (bug in publish)"
+
+
+def test_an_aborted_stream_ends_at_once_and_aborts_once(make):
+    llm = make()
+    sent = []
+
+    async def main():
+        stream = await llm.add_request([1, 2, 3], SamplingParams(max_tokens=500, ignore_eos=True))
+        real_submit = llm._submit
+        llm._submit = lambda command: sent.append(command) or real_submit(command)
+        stream.abort()
+        stream.abort()
+        return stream, [out async for out in stream]
+
+    stream, after = run(main())
+    assert stream.finished is True and after == [] and sent == [("abort", stream.request_id)]
