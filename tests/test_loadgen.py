@@ -686,3 +686,32 @@ def test_cli_random_dataset_ignores_eos_as_vllm(capsys, fake, tmp_path, monkeypa
                              "--random-output-len", "2", "--disable-tqdm")
     assert code == 0, err
     assert all(b["ignore_eos"] and len(b["prompt"]) == 5 and b["max_tokens"] == 2 for b in s.bodies)
+
+
+def test_cli_defaults_are_vllms_but_the_two_documented():
+    """vLLM's defaults (vllm/benchmarks/serve.py and datasets/), except --num-prompts (vLLM 1000)
+    and the percentiles (vLLM: ttft,tpot,itl at p99), as the module's docstring says."""
+    from nano_engine import loadgen_cli
+
+    assert vars(loadgen_cli.build_parser().parse_args([])) == {
+        "backend": "openai", "base_url": None, "host": "127.0.0.1", "port": 8000, "model": None, "tokenizer": None,
+        "dataset_name": "random", "dataset_path": None, "num_prompts": 64, "random_input_len": 1024,
+        "random_output_len": 128, "random_range_ratio": 0.0, "prefix_repetition_prefix_len": 256,
+        "prefix_repetition_suffix_len": 256, "prefix_repetition_num_prefixes": 10,
+        "prefix_repetition_output_len": 128, "request_rate": math.inf, "request_rates": None,
+        "sweep_output": "bench_serve_sweep", "burstiness": 1.0, "max_concurrency": None, "num_warmups": 0,
+        "ignore_eos": False, "seed": 0, "goodput": None, "percentile_metrics": ["ttft", "tpot", "itl", "e2el"],
+        "metric_percentiles": [90.0, 99.0], "timeout": 600.0, "save_result": False, "result_filename": None,
+        "label": None, "disable_tqdm": False, "debug": False}
+
+
+def test_cli_help_reads_as_recorded(capsys, monkeypatch):
+    """The help a user reads, whole (flags, metavars, choices, every help line, the description).
+    After changing it on purpose: COLUMNS=100 python -m nano_engine bench-serve --help >
+    tests/data/bench_serve_help.txt, and read the diff."""
+    from pathlib import Path
+
+    monkeypatch.setenv("COLUMNS", "100")
+    assert loadgen.main(["--help"]) == 0
+    recorded = (Path(__file__).parent / "data" / "bench_serve_help.txt").read_text()
+    assert capsys.readouterr().out == recorded
