@@ -19,7 +19,7 @@ PROMPTS = [list(range(1 + i, 6 + 3 * i)) for i in range(8)]
 
 
 def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, timeout=120))
+    return asyncio.run(asyncio.wait_for(coro, timeout=30))  # the tiny model: each request takes well under 1 s
 
 
 @pytest.fixture
@@ -370,6 +370,7 @@ def test_a_bug_in_the_engine_thread_marks_it_dead_and_tells_every_caller(make, m
                 got.append(out)
                 armed.append(True)
         except EngineDeadError as e:
+            assert stream.finished is True and [out async for out in stream] == []  # ended, not waiting
             return got, e
         return got, None
 
@@ -398,9 +399,42 @@ def test_an_aborted_stream_ends_at_once_and_aborts_once(make):
         stream = await llm.add_request([1, 2, 3], SamplingParams(max_tokens=500, ignore_eos=True))
         real_submit = llm._submit
         llm._submit = lambda command: sent.append(command) or real_submit(command)
+        assert stream.finished is False
         stream.abort()
         stream.abort()
         return stream, [out async for out in stream]
 
     stream, after = run(main())
     assert stream.finished is True and after == [] and sent == [("abort", stream.request_id)]
+
+
+def test_a_shutdown_that_cannot_abort_a_request_tells_its_caller(make, monkeypatch):
+    llm = make()
+
+    def broken_abort(request_id):
+        raise Bug(f"cannot abort {request_id}")
+
+    async def main():
+        stream = await llm.add_request([1, 2, 3], SamplingParams(max_tokens=500, ignore_eos=True), "r")
+        await stream.__anext__()
+        monkeypatch.setattr(llm.engine, "abort", broken_abort)
+        threading.Thread(target=llm.shutdown).start()
+        with pytest.raises(EngineDeadError) as e:
+            async for _ in stream:
+                pass
+        return str(e.value)
+
+    assert run(main()) == "the engine stopped before request r finished (shut down)"
+
+
+def test_a_failing_on_output_is_logged_and_the_stream_goes_on(make, caplog):
+    llm = make()
+
+    def on_output(out):
+        raise Bug("metrics are broken")
+
+    llm.on_output = on_output
+    with caplog.at_level(logging.ERROR, logger="nano_engine.async_engine"):
+        outs = run(collect(llm, [1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True)))
+    assert sum(len(o.new_token_ids) for o in outs) == 3 and outs[-1].finished
+    assert {(r.getMessage(), str(r.exc_info[1])) for r in caplog.records} == {("on_output failed", "metrics are broken")}
