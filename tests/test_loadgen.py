@@ -629,6 +629,13 @@ def cli(capsys, *argv):
                                        "URL with a host"),
     (["--request-rate", "2", "--request-rates", "1,2"], "--request-rate and --request-rates: give one or the other"),
     (["--dataset-path", "x.json"], "--dataset-path is for --dataset-name w2, not random"),
+    (["--metric-percentiles", "50,x"], "argument --metric-percentiles: 'x' is not a number"),
+    (["--num-prompts", "x"], "argument --num-prompts: 'x' is not an integer"),
+    (["--port", "65536"], "argument --port: 65536 must be >= 1 and < 65536"),
+    (["--burstiness", "nan"], "argument --burstiness: nan must be > 0"),
+    (["--metric-percentiles", "-1"], "argument --metric-percentiles: -1 is not a percentile (0 to 100)"),
+    (["--base-url", "ftp://h:1"], "argument --base-url: 'ftp://h:1' is not an http:// or https:// URL with a host"),
+    (["--base-url", "http://"], "argument --base-url: 'http://' is not an http:// or https:// URL with a host"),
     (["--dataset-name", "prefix_repetition", "--num-prompts", "4"],
      "--num-prompts 4 is below --prefix-repetition-num-prefixes 10: each prefix needs a prompt"),
 ])
@@ -715,3 +722,164 @@ def test_cli_help_reads_as_recorded(capsys, monkeypatch):
     assert loadgen.main(["--help"]) == 0
     recorded = (Path(__file__).parent / "data" / "bench_serve_help.txt").read_text()
     assert capsys.readouterr().out == recorded
+
+
+def spy_on_the_cli(monkeypatch, tokenizer):
+    """Record what bench-serve hands to get_samples, load_tokenizer and measure (the real ones run)."""
+    from nano_engine import loadgen_cli
+
+    calls = {"tokenizer": []}
+    real_samples, real_measure = loadgen_cli.get_samples, loadgen_cli.measure
+
+    def samples(*args, **kwargs):
+        calls["samples"] = (args, kwargs)
+        calls["requests"] = real_samples(*args, **kwargs)
+        return calls["requests"]
+
+    async def measure(*args, **kwargs):
+        calls["measure"] = (args, kwargs)
+        calls["result"], calls["metrics"] = await real_measure(*args, **kwargs)
+        return calls["result"], calls["metrics"]
+
+    def load_tokenizer(path=None):
+        calls["tokenizer"].append(path)
+        return tokenizer
+
+    monkeypatch.setattr(loadgen_cli, "get_samples", samples)
+    monkeypatch.setattr(loadgen_cli, "measure", measure)
+    monkeypatch.setattr("nano_engine.loading.load_tokenizer", load_tokenizer)
+    return calls
+
+
+def test_cli_hands_every_flag_to_the_dataset_and_the_benchmark(capsys, fake, monkeypatch, tokenizer, tmp_path):
+    from nano_engine.benchmark_metrics import format_metrics
+
+    calls = spy_on_the_cli(monkeypatch, tokenizer)
+    monkeypatch.chdir(tmp_path)
+    with fake(usage_tokens=2) as s:
+        code, out, err = cli(
+            capsys, "--base-url", s.url + "/", "--backend", "openai-chat", "--model", "org/served", "--tokenizer",
+            "/models/tok", "--dataset-name", "prefix_repetition", "--num-prompts", "4",
+            "--prefix-repetition-prefix-len", "3", "--prefix-repetition-suffix-len", "2",
+            "--prefix-repetition-num-prefixes", "2", "--prefix-repetition-output-len", "5", "--request-rate", "50",
+            "--burstiness", "0.5", "--max-concurrency", "2", "--num-warmups", "1", "--seed", "7", "--goodput",
+            "ttft:60000", "e2el:50000", "--percentile-metrics", "ttft,e2el", "--metric-percentiles", "0,100",
+            "--timeout", "30", "--disable-tqdm", "--label", "mine", "--save-result")
+    assert code == 0, err
+    assert calls["tokenizer"] == ["/models/tok"]
+    assert calls["samples"] == (("prefix_repetition", 4), dict(
+        tokenizer=tokenizer, as_text=True, seed=7, dataset_path=None, random_input_len=1024, random_output_len=128,
+        random_range_ratio=0.0, prefix_repetition_prefix_len=3, prefix_repetition_suffix_len=2,
+        prefix_repetition_num_prefixes=2, prefix_repetition_output_len=5))
+    assert calls["measure"] == ((calls["requests"], s.url), dict(
+        backend="openai-chat", model="org/served", request_rate=50.0, burstiness=0.5, max_concurrency=2,
+        num_warmups=1, ignore_eos=False, seed=7, goodput={"ttft": 60000.0, "e2el": 50000.0},
+        percentiles=[0.0, 100.0], percentile_metrics=["ttft", "e2el"], timeout=30.0, disable_tqdm=True))
+    lines = out.splitlines()
+    assert lines[0] == (f"4 requests (prefix_repetition) to {s.url}/v1/chat/completions; request rate 50/s, "
+                        "burstiness 0.5 (gamma distribution), max concurrency 2")
+    full = format_metrics(calls["metrics"]).splitlines()
+    tpot = next(i for i, line in enumerate(full) if "Time per Output Token" in line)
+    e2el = next(i for i, line in enumerate(full) if "End-to-end Latency" in line)
+    assert lines[1:-1] == full[:tpot] + full[e2el:]  # the selected sections only, and the closing rule
+    (saved,) = tmp_path.glob("*.json")
+    assert re.fullmatch(r"mine-50\.0qps-concurrency2-served-\d{8}-\d{6}\.json", saved.name), saved.name
+    assert lines[-1] == f"wrote {saved.name}"
+    result = json.loads(saved.read_text())
+    assert result["label"] == "mine" and result["tokenizer_id"] == "/models/tok"
+    assert result["request_goodput"] == pytest.approx(result["request_throughput"])  # both SLOs are lax
+
+
+def test_cli_reads_w2_from_its_path_without_a_tokenizer_and_names_files_by_default(capsys, fake, monkeypatch,
+                                                                                    tokenizer, tmp_path):
+    from nano_engine import loadgen_cli
+
+    calls = spy_on_the_cli(monkeypatch, tokenizer)
+    monkeypatch.chdir(tmp_path)
+    data = json.loads(loadgen_datasets.find_w2().read_text())
+    data["requests"] = data["requests"][:2]
+    data["requests"][0]["prompt_ids"] = [3, 4, 5]
+    (tmp_path / "mine.json").write_text(json.dumps(data))
+    with fake(usage_tokens=2) as s:
+        code, out, err = cli(capsys, "--base-url", s.url, "--dataset-name", "w2", "--dataset-path", "mine.json",
+                             "--num-prompts", "2", "--disable-tqdm", "--save-result", "--percentile-metrics", "ttft")
+        assert code == 0, err
+        assert calls["tokenizer"] == [] and calls["samples"][1]["tokenizer"] is None
+        assert [b["prompt"] for b in s.bodies] == [[3, 4, 5], data["requests"][1]["prompt_ids"]]
+        lines = out.splitlines()
+        assert lines[0] == (f"2 requests (w2) to {s.url}/v1/completions; request rate inf/s, burstiness 1 "
+                            "(Poisson process), max concurrency None")
+        assert lines[-2] == "=" * 50  # the closing rule stays after the last section is left out
+        (saved,) = tmp_path.glob("openai-*.json")
+        assert re.fullmatch(r"openai-infqps-fake-model-\d{8}-\d{6}\.json", saved.name), saved.name
+        assert json.loads(saved.read_text())["tokenizer_id"] is None
+        saved.unlink()
+        code, out, err = cli(capsys, "--base-url", s.url, "--dataset-name", "w2", "--num-prompts", "2",
+                             "--disable-tqdm", "--save-result", "--request-rates", "100,inf",
+                             "--sweep-output", "sw")
+        assert code == 0, err
+        (saved,) = tmp_path.glob("openai-*.json")
+        assert re.fullmatch(r"openai-sweep-fake-model-\d{8}-\d{6}\.json", saved.name), saved.name
+        assert [r["request_rate"] for r in json.loads(saved.read_text())] == [100.0, "inf"]
+        assert out.splitlines()[-2:] == ["wrote sw.md and sw.png", f"wrote {saved.name}"]
+        titles = []
+        real_plot = loadgen_cli.plot_sweep
+        monkeypatch.setattr(loadgen_cli, "plot_sweep", lambda *a, **kw: titles.append(kw["title"]) or real_plot(*a, **kw))
+        code, out, err = cli(capsys, "--base-url", s.url, "--dataset-name", "w2", "--num-prompts", "1",
+                             "--disable-tqdm", "--request-rates", "5", "--sweep-output", "one")
+    assert code == 0, err
+    assert titles == ["w2, fake-model"] and (tmp_path / "one.png").is_file() and (tmp_path / "one.md").is_file()
+
+
+def test_cli_random_dataset_gets_its_lengths_ratio_and_seed(capsys, fake, monkeypatch, tokenizer):
+    calls = spy_on_the_cli(monkeypatch, tokenizer)
+    with fake(usage_tokens=2) as s:
+        code, out, err = cli(capsys, "--base-url", s.url, "--num-prompts", "3", "--random-input-len", "6",
+                             "--random-output-len", "3", "--random-range-ratio", "0.5", "--seed", "4",
+                             "--disable-tqdm")
+    assert code == 0, err
+    assert calls["tokenizer"] == [None]  # the default: $NANO_ENGINE_MODEL, else the embedded model
+    assert calls["samples"][1] | {"tokenizer": None} == dict(
+        tokenizer=None, as_text=False, seed=4, dataset_path=None, random_input_len=6, random_output_len=3,
+        random_range_ratio=0.5, prefix_repetition_prefix_len=256, prefix_repetition_suffix_len=256,
+        prefix_repetition_num_prefixes=10, prefix_repetition_output_len=128)
+    assert calls["measure"][1]["ignore_eos"] is True  # set for random, as vLLM
+
+
+def test_cli_value_parsers_take_their_edges():
+    from nano_engine import loadgen_cli
+
+    args = loadgen_cli.build_parser().parse_args(["--metric-percentiles", "0, 100", "--base-url", "https://h:1/"])
+    assert args.metric_percentiles == [0.0, 100.0] and args.base_url == "https://h:1"
+    assert loadgen_cli.build_parser().parse_args(["--base-url", "http://h"]).base_url == "http://h"
+    edges = loadgen_cli.build_parser().parse_args(["--num-prompts", "1", "--num-warmups", "0", "--seed", "0",
+                                                   "--random-range-ratio", "0", "--port", "65535"])
+    assert (edges.num_prompts, edges.num_warmups, edges.seed, edges.random_range_ratio, edges.port) == (1, 0, 0, 0.0,
+                                                                                                        65535)
+
+
+def test_benchmark_defaults_to_the_local_server(monkeypatch):
+    seen = []
+
+    async def fake_run(requests, base_url, **kwargs):
+        seen.append((base_url, kwargs))
+        return {}
+
+    monkeypatch.setattr(loadgen, "run_benchmark", fake_run)
+    assert loadgen.benchmark(reqs(1), seed=2) == {}
+    assert seen == [("http://127.0.0.1:8000", {"seed": 2})]
+
+
+def test_cli_prefix_repetition_takes_as_many_prompts_as_prefixes(capsys, fake, monkeypatch, tokenizer):
+    spy_on_the_cli(monkeypatch, tokenizer)
+    with fake(usage_tokens=2) as s:
+        code, out, err = cli(capsys, "--base-url", s.url, "--dataset-name", "prefix_repetition", "--num-prompts", "2",
+                             "--prefix-repetition-num-prefixes", "2", "--prefix-repetition-prefix-len", "2",
+                             "--prefix-repetition-suffix-len", "1", "--disable-tqdm")
+    assert code == 0, err
+    assert len(s.bodies) == 2
+
+
+def test_a_server_error_that_is_not_json_is_cut_and_kept_readable():
+    assert loadgen._error_text(502, b"\xff" + b"x" * 300) == "HTTP 502: \ufffd" + "x" * 199
+    assert loadgen._error_text(400, b'{"error": {"message": "too\\n  long"}}') == "HTTP 400: too long"
