@@ -105,8 +105,8 @@ async def send_request(client: httpx.AsyncClient, api_url: str, backend: str, pa
                         if not line.startswith("data:"):
                             continue
                         if (data := line[5:].strip()) == "[DONE]":
-                            done = True
-                            continue
+                            done = True  # the end of an OpenAI stream: nothing after it counts
+                            break
                         now = time.perf_counter()
                         chunk = json.loads(data)
                         if choices := chunk.get("choices"):

@@ -188,6 +188,7 @@ def test_streamed_request_records_chunks_usage_tokens_and_plausible_latencies(fa
     body = s.bodies[0]
     assert body["prompt"] == [3, 4, 5, 6, 7, 8] and body["max_tokens"] == 4 and body["stream"] is True
     assert body["stream_options"] == {"include_usage": True} and "ignore_eos" not in body
+    assert body["model"] == "fake-model"
 
 
 def test_chat_backend_sends_text_messages_and_reads_deltas(fake):
@@ -883,3 +884,62 @@ def test_cli_prefix_repetition_takes_as_many_prompts_as_prefixes(capsys, fake, m
 def test_a_server_error_that_is_not_json_is_cut_and_kept_readable():
     assert loadgen._error_text(502, b"\xff" + b"x" * 300) == "HTTP 502: \ufffd" + "x" * 199
     assert loadgen._error_text(400, b'{"error": {"message": "too\\n  long"}}') == "HTTP 400: too long"
+
+
+def mock_client(handler):
+    import httpx
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(handler))
+
+
+def sse(*events: str) -> bytes:
+    return "".join(f"{e}\n\n" for e in events).encode()
+
+
+def test_a_stream_is_read_as_sse_and_ends_at_done():
+    """Events with and without the space after "data:", a comment, a chunk whose text is empty
+    or missing (still one chunk, as vLLM counts it), and nothing after [DONE]."""
+    import httpx
+
+    def handler(request):
+        assert request.method == "POST" and json.loads(request.content)["model"] == "m"
+        chunk = lambda text: json.dumps({"choices": [{"text": text}]})
+        body = sse(f"data: {chunk('a')}", ": ping", f"data:{chunk('b')}", f"data: {chunk('')}",
+                   'data: {"choices": [{"index": 0}]}', 'data: {"choices": [], "usage": {"completion_tokens": 4}}',
+                   "data: [DONE]", f"data: {chunk('late')}")
+        return httpx.Response(200, content=body)
+
+    async def main():
+        async with mock_client(handler) as client:
+            return await loadgen.send_request(client, "http://h/v1/completions", "openai", {"model": "m"}, 3, 5)
+
+    record, text = asyncio.run(main())
+    assert text == "ab" and record.success and len(record.chunk_times) == 4 and record.output_tokens == 4
+
+
+def test_a_server_without_models_names_the_url_and_the_error():
+    import httpx
+
+    def handler(request):
+        raise httpx.ConnectError("no\n   route", request=request)
+
+    async def main():
+        async with mock_client(handler) as client:
+            await loadgen.first_model(client, "http://h:1")
+
+    with pytest.raises(RuntimeError) as e:
+        asyncio.run(main())
+    assert str(e.value) == ("cannot read the first model from http://h:1/v1/models (ConnectError: no route); "
+                            "is the server running? or pass --model")
+
+
+def test_run_benchmark_defaults_to_the_local_server(monkeypatch):
+    seen = []
+
+    async def fake_measure(requests, base_url, **kwargs):
+        seen.append((base_url, kwargs))
+        return {"r": 1}, None
+
+    monkeypatch.setattr(loadgen, "measure", fake_measure)
+    assert asyncio.run(loadgen.run_benchmark(reqs(1), timeout=3)) == {"r": 1}
+    assert seen == [("http://127.0.0.1:8000", {"timeout": 3})]
