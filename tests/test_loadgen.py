@@ -915,6 +915,25 @@ def test_a_stream_is_read_as_sse_and_ends_at_done():
 
     record, text = asyncio.run(main())
     assert text == "ab" and record.success and len(record.chunk_times) == 4 and record.output_tokens == 4
+    assert record.prompt_tokens == 3  # a usage chunk without prompt_tokens keeps the sent length
+
+
+@pytest.mark.parametrize("events, error", [
+    (['data: {"choices": [{"text": "a"}]}', 'data: {"error": {"message": "engine   died"}}', "data: [DONE]"],
+     "stream error: engine   died"),
+    (['data: {"error": "out of blocks"}', "data: [DONE]"], "stream error: out of blocks"),
+    (['data: {"error": {"code": 500}}', "data: [DONE]"], "stream error: {'code': 500}"),
+    (["data: [DONE]"], "the stream ended without an output chunk (no TTFT)"),
+])
+def test_an_error_in_the_stream_or_no_chunk_at_all_is_a_failed_record(events, error):
+    import httpx
+
+    async def main():
+        async with mock_client(lambda request: httpx.Response(200, content=sse(*events))) as client:
+            return await loadgen.send_request(client, "http://h/v1/completions", "openai", {}, 3, 5)
+
+    record, _ = asyncio.run(main())
+    assert not record.success and record.error == error and record.output_tokens == 0
 
 
 def test_a_server_without_models_names_the_url_and_the_error():
