@@ -331,9 +331,15 @@ def test_bad_library_arguments_raise_early():
                       ({"max_concurrency": 0}, "max_concurrency must be None or an integer >= 1"),
                       ({"num_warmups": -1}, "num_warmups must be an integer >= 0"),
                       ({"request_rate": -2.0}, "request_rate must be > 0"),
-                      ({"timeout": 0}, "timeout must be > 0")]:
+                      ({"timeout": 0}, "timeout must be > 0"),
+                      ({"burstiness": 0}, "burstiness must be > 0"),
+                      ({"max_concurrency": True}, "max_concurrency must be None or an integer >= 1, got True"),
+                      ({"max_concurrency": 2.5}, "max_concurrency must be None or an integer >= 1, got 2.5")]:
         with pytest.raises(ValueError, match=match):
             asyncio.run(run_benchmark(reqs(1), "http://127.0.0.1:9", **kw))
+    with pytest.raises(TypeError) as e:
+        asyncio.run(run_benchmark([[1, 2]], "http://127.0.0.1:9"))
+    assert str(e.value) == "requests must hold SampleRequest objects (see loadgen_datasets.get_samples)"
     with pytest.raises(ValueError, match="non-empty list"):
         asyncio.run(run_benchmark([], "http://127.0.0.1:9"))
 
@@ -919,8 +925,8 @@ def test_a_stream_is_read_as_sse_and_ends_at_done():
 
 
 @pytest.mark.parametrize("events, error", [
-    (['data: {"choices": [{"text": "a"}]}', 'data: {"error": {"message": "engine   died"}}', "data: [DONE]"],
-     "stream error: engine   died"),
+    (['data: {"choices": [{"text": "a"}]}', 'data: {"choices": [{"text": "b"}]}',
+      'data: {"error": {"message": "engine   died"}}', "data: [DONE]"], "stream error: engine   died"),
     (['data: {"error": "out of blocks"}', "data: [DONE]"], "stream error: out of blocks"),
     (['data: {"error": {"code": 500}}', "data: [DONE]"], "stream error: {'code': 500}"),
     (["data: [DONE]"], "the stream ended without an output chunk (no TTFT)"),
@@ -932,8 +938,29 @@ def test_an_error_in_the_stream_or_no_chunk_at_all_is_a_failed_record(events, er
         async with mock_client(lambda request: httpx.Response(200, content=sse(*events))) as client:
             return await loadgen.send_request(client, "http://h/v1/completions", "openai", {}, 3, 5)
 
-    record, _ = asyncio.run(main())
+    record, text = asyncio.run(main())
     assert not record.success and record.error == error and record.output_tokens == 0
+    assert text == ("ab" if len(events) == 4 else "")  # what came before the error is kept
+
+
+@pytest.mark.parametrize("exc, error", [("a\n   dropped", "ReadError: a dropped"), ("", "ReadError: (no message)")])
+def test_a_transport_error_is_one_line_in_the_record(exc, error):
+    import httpx
+
+    def handler(request):
+        raise httpx.ReadError(exc, request=request)
+
+    async def main():
+        async with mock_client(handler) as client:
+            return await loadgen.send_request(client, "http://h/v1/completions", "openai", {}, 3, 5)
+
+    record, _ = asyncio.run(main())
+    assert record.error == error and not record.success
+
+
+def test_arrival_times_default_seed_and_short_runs_are_rescaled():
+    assert arrival_times(5, 2.0) == arrival_times(5, 2.0, seed=0) != arrival_times(5, 2.0, seed=1)
+    assert arrival_times(3, 100.0)[-1] == pytest.approx(0.03)  # rescaled even when the draws sum to under 1 s
 
 
 def test_a_server_without_models_names_the_url_and_the_error():
