@@ -859,10 +859,19 @@ def test_cli_value_parsers_take_their_edges():
     args = loadgen_cli.build_parser().parse_args(["--metric-percentiles", "0, 100", "--base-url", "https://h:1/"])
     assert args.metric_percentiles == [0.0, 100.0] and args.base_url == "https://h:1"
     assert loadgen_cli.build_parser().parse_args(["--base-url", "http://h"]).base_url == "http://h"
-    edges = loadgen_cli.build_parser().parse_args(["--num-prompts", "1", "--num-warmups", "0", "--seed", "0",
-                                                   "--random-range-ratio", "0", "--port", "65535"])
-    assert (edges.num_prompts, edges.num_warmups, edges.seed, edges.random_range_ratio, edges.port) == (1, 0, 0, 0.0,
-                                                                                                        65535)
+    edges = vars(loadgen_cli.build_parser().parse_args([
+        "--num-prompts", "1", "--num-warmups", "0", "--seed", "0", "--random-range-ratio", "0", "--port", "1",
+        "--random-input-len", "1", "--random-output-len", "1", "--prefix-repetition-prefix-len", "0",
+        "--prefix-repetition-suffix-len", "0", "--prefix-repetition-num-prefixes", "1",
+        "--prefix-repetition-output-len", "1", "--max-concurrency", "1", "--timeout", "0.5", "--burstiness", "0.5",
+        "--request-rate", "0.5"]))
+    ints = {"num_prompts": 1, "num_warmups": 0, "seed": 0, "port": 1, "random_input_len": 1, "random_output_len": 1,
+            "prefix_repetition_prefix_len": 0, "prefix_repetition_suffix_len": 0, "prefix_repetition_num_prefixes": 1,
+            "prefix_repetition_output_len": 1, "max_concurrency": 1}
+    assert {k: edges[k] for k in ints} == ints and all(type(edges[k]) is int for k in ints)  # ints, not floats
+    assert (edges["random_range_ratio"], edges["timeout"], edges["burstiness"], edges["request_rate"]) == (
+        0.0, 0.5, 0.5, 0.5)
+    assert loadgen_cli.build_parser().parse_args(["--port", "65535"]).port == 65535
 
 
 def test_benchmark_defaults_to_the_local_server(monkeypatch):
