@@ -233,7 +233,7 @@ def test_a_request_past_its_timeout_fails(fake):
     with fake(chunks=[(0.3, "a")] * 4, usage_tokens=4) as s:
         r = bench(s, reqs(1), timeout=0.8)
     assert r["failed"] == 1 and r["errors"] == ["no complete response within the timeout of 0.8 s"]
-    assert r["latencies"] == [0.0]
+    assert r["latencies"] == [0.0] and r["ttfts"] == [0.0] and r["itls"] == [[]]  # a failed request: vLLM's zeros
 
 
 def test_no_server_means_failed_requests(fake):
@@ -280,6 +280,7 @@ def test_finite_rate_spreads_the_requests(fake):
     with fake(usage_tokens=2) as s:
         r = bench(s, reqs(6), request_rate=20.0)
     assert r["completed"] == 6 and max(r["start_times"]) >= 0.25  # the last leaves at 6/20 = 0.3 s
+    assert all(0 <= t < 5 for t in r["start_times"]) and 0.25 <= r["duration"] < 30  # seconds since the start
 
 
 def test_max_concurrency_is_never_exceeded(fake):
@@ -998,3 +999,91 @@ def test_run_benchmark_defaults_to_the_local_server(monkeypatch):
     monkeypatch.setattr(loadgen, "measure", fake_measure)
     assert asyncio.run(loadgen.run_benchmark(reqs(1), timeout=3)) == {"r": 1}
     assert seen == [("http://127.0.0.1:8000", {"timeout": 3})]
+
+
+def test_measure_defaults_are_vllms():
+    import inspect
+
+    from nano_engine.benchmark_metrics import METRIC_NAMES
+
+    defaults = {k: p.default for k, p in inspect.signature(loadgen.measure).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    assert defaults == {"base_url": "http://127.0.0.1:8000", "backend": "openai", "model": None,
+                        "request_rate": math.inf, "burstiness": 1.0, "max_concurrency": None, "num_warmups": 0,
+                        "ignore_eos": False, "seed": 0, "goodput": None, "percentiles": (90, 99),
+                        "percentile_metrics": METRIC_NAMES, "timeout": 600.0, "disable_tqdm": False,
+                        "extra_body": None}
+    assert inspect.signature(sample_intervals).parameters["burstiness"].default == 1.0
+
+
+def test_sample_intervals_edges():
+    assert sample_intervals(3, 4.0, math.inf).tolist() == [0.25] * 3  # even arrivals: exactly 1/rate apart
+    assert sample_intervals(4, math.inf).tolist() == [0.0] * 4
+    assert (sample_intervals(5, 2.0) == sample_intervals(5, 2.0, rng=np.random.RandomState(0))).all()
+    for rate, burstiness, message in [(1.0, 0, "burstiness must be > 0, got 0"),
+                                      (0, 1.0, "request_rate must be > 0 requests/s (or inf), got 0")]:
+        with pytest.raises(ValueError) as e:
+            sample_intervals(3, rate, burstiness)
+        assert str(e.value) == message
+    with pytest.raises(ValueError, match="num_warmups must be an integer >= 0, got True"):
+        asyncio.run(run_benchmark(reqs(1), "http://127.0.0.1:9", num_warmups=True))
+
+
+class RecordingBar:
+    made = []
+
+    def __init__(self, total=None, desc=None):
+        self.total, self.desc, self.updates, self.closed = total, desc, [], False
+        RecordingBar.made.append(self)
+
+    def update(self, n):
+        self.updates.append(n)
+
+    def close(self):
+        self.closed = True
+
+
+def test_one_run_end_to_end_what_it_sends_and_keeps(fake, monkeypatch):
+    """Warm-ups repeat the first request; the progress bar counts the measured requests; the
+    client has no pool limit of its own beyond max_concurrency, no pool time-out, and no proxy
+    from the environment; the seed reaches the arrival times; the result holds vLLM's settings."""
+    import httpx
+
+    clients, arrivals = [], []
+    real_client, real_arrivals = httpx.AsyncClient, loadgen.arrival_times
+
+    def client(**kwargs):
+        clients.append(kwargs)
+        return real_client(**kwargs)
+
+    def arrival(*args):
+        arrivals.append(args)
+        return real_arrivals(*args)
+
+    monkeypatch.setattr(loadgen.httpx, "AsyncClient", client)
+    monkeypatch.setattr(loadgen, "arrival_times", arrival)
+    monkeypatch.setattr("tqdm.auto.tqdm", RecordingBar)
+    RecordingBar.made.clear()
+    for var in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(var, "http://127.0.0.1:9")  # a dead proxy: used, every request would fail
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    requests = [SampleRequest([3 + i, 4], 2, 2) for i in range(3)]
+    with fake(usage_tokens=2) as s:
+        r = asyncio.run(run_benchmark(requests, s.url + "/", num_warmups=2, max_concurrency=2, request_rate=500.0,
+                                      burstiness=2.0, seed=9, timeout=7, extra_body={"temperature": 0.5}))
+    assert r["completed"] == 3
+    assert [b["prompt"] for b in s.bodies[:2]] == [[3, 4]] * 2 and sorted(b["prompt"] for b in s.bodies[2:]) == [
+        [3, 4], [4, 4], [5, 4]]
+    assert all(b["temperature"] == 0.5 and b["model"] == "fake-model" for b in s.bodies)
+    (bar,) = RecordingBar.made
+    assert (bar.total, bar.desc, bar.updates, bar.closed) == (3, "requests", [1, 1, 1], True)
+    (kw,) = clients
+    assert (kw["limits"].max_connections, kw["limits"].max_keepalive_connections) == (2, 2)
+    assert kw["timeout"] == httpx.Timeout(7, pool=None) and kw["trust_env"] is False
+    assert arrivals == [(3, 500.0, 2.0, 9)]
+    assert re.fullmatch(r"\d{8}-\d{6}", r["date"])
+    assert {k: r[k] for k in ("endpoint_type", "backend", "model_id", "num_prompts", "request_rate", "burstiness",
+                              "max_concurrency")} == {
+        "endpoint_type": "openai", "backend": "openai", "model_id": "fake-model", "num_prompts": 3,
+        "request_rate": 500.0, "burstiness": 2.0, "max_concurrency": 2}
