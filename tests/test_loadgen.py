@@ -860,6 +860,7 @@ def test_cli_value_parsers_take_their_edges():
     args = loadgen_cli.build_parser().parse_args(["--metric-percentiles", "0, 100", "--base-url", "https://h:1/"])
     assert args.metric_percentiles == [0.0, 100.0] and args.base_url == "https://h:1"
     assert loadgen_cli.build_parser().parse_args(["--base-url", "http://h"]).base_url == "http://h"
+    assert loadgen_cli.build_parser().parse_args(["--base-url", "http://boX//"]).base_url == "http://boX"
     edges = vars(loadgen_cli.build_parser().parse_args([
         "--num-prompts", "1", "--num-warmups", "0", "--seed", "0", "--random-range-ratio", "0", "--port", "1",
         "--random-input-len", "1", "--random-output-len", "1", "--prefix-repetition-prefix-len", "0",
@@ -1020,6 +1021,7 @@ def test_sample_intervals_edges():
     assert sample_intervals(3, 4.0, math.inf).tolist() == [0.25] * 3  # even arrivals: exactly 1/rate apart
     assert sample_intervals(4, math.inf).tolist() == [0.0] * 4
     assert (sample_intervals(5, 2.0) == sample_intervals(5, 2.0, rng=np.random.RandomState(0))).all()
+    assert (sample_intervals(5, 2.0) == sample_intervals(5, 2.0, 1.0)).all()  # Poisson by default
     for rate, burstiness, message in [(1.0, 0, "burstiness must be > 0, got 0"),
                                       (0, 1.0, "request_rate must be > 0 requests/s (or inf), got 0")]:
         with pytest.raises(ValueError) as e:
@@ -1087,3 +1089,34 @@ def test_one_run_end_to_end_what_it_sends_and_keeps(fake, monkeypatch):
                               "max_concurrency")} == {
         "endpoint_type": "openai", "backend": "openai", "model_id": "fake-model", "num_prompts": 3,
         "request_rate": 500.0, "burstiness": 2.0, "max_concurrency": 2}
+
+
+def test_measure_with_its_defaults_talks_to_the_local_server_at_once_with_a_bar(monkeypatch):
+    """No server runs: httpx's MockTransport answers in-process, and records every URL asked."""
+    import httpx
+
+    urls, clients, arrivals = [], [], []
+    real_client, real_arrivals = httpx.AsyncClient, loadgen.arrival_times
+
+    def handler(request):
+        urls.append(str(request.url))
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m"}]})
+        return httpx.Response(200, content=sse('data: {"choices": [{"text": "a"}]}', "data: [DONE]"))
+
+    def client(**kwargs):
+        clients.append(kwargs)
+        return real_client(transport=httpx.MockTransport(handler), **kwargs)
+
+    def arrival(*args):
+        arrivals.append(args)
+        return real_arrivals(*args)
+
+    monkeypatch.setattr(loadgen.httpx, "AsyncClient", client)
+    monkeypatch.setattr(loadgen, "arrival_times", arrival)
+    monkeypatch.setattr("tqdm.auto.tqdm", RecordingBar)
+    RecordingBar.made.clear()
+    result, metrics = asyncio.run(loadgen.measure(reqs(2)))
+    assert urls == ["http://127.0.0.1:8000/v1/models"] + ["http://127.0.0.1:8000/v1/completions"] * 2
+    assert arrivals == [(2, math.inf, 1.0, 0)] and clients[0]["timeout"] == httpx.Timeout(600.0, pool=None)
+    assert len(RecordingBar.made) == 1 and metrics.completed == 2 and result["model_id"] == "m"
