@@ -1120,3 +1120,6 @@ def test_measure_with_its_defaults_talks_to_the_local_server_at_once_with_a_bar(
     assert urls == ["http://127.0.0.1:8000/v1/models"] + ["http://127.0.0.1:8000/v1/completions"] * 2
     assert arrivals == [(2, math.inf, 1.0, 0)] and clients[0]["timeout"] == httpx.Timeout(600.0, pool=None)
     assert len(RecordingBar.made) == 1 and metrics.completed == 2 and result["model_id"] == "m"
+    urls.clear()
+    asyncio.run(loadgen.measure(reqs(1), "http://boX//", disable_tqdm=True))  # only the slashes are cut
+    assert urls == ["http://box/v1/models", "http://box/v1/completions"]
