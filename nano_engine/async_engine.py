@@ -332,7 +332,8 @@ class AsyncLLM:
         # A request the broken engine could not end: its caller hears why instead of waiting forever.
         for rid, stream in list(self._streams.items()):
             del self._streams[rid]
-            self._deliver(stream, EngineDeadError(f"the engine stopped before request {rid} finished ({self.dead or 'shut down'})"))
+            why = self.dead or "shut down"
+            self._deliver(stream, EngineDeadError(f"the engine stopped before request {rid} finished ({why})"))
 
 
 def _settle(future: asyncio.Future, error: BaseException | None) -> None:

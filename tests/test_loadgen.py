@@ -364,7 +364,8 @@ def test_sweep_table_reads_each_result_in_its_own_row():
         "|---|---|---|---|---|---|---|---|",
         "| 2 | 9 | 1 | 1.23 | 56.8 | 12.3 / 45.7 | 3.2 | 0.50 |",
         "| inf | 7 | 3 | 2.47 | 113.6 | 24.7 / 91.3 | 6.4 | 0.25 |"])
-    assert sweep_table([sweep_result(0.5, 10, 1.0)]).splitlines()[-1] == "| 0.5 | 10 | 0 | 1.23 | 56.8 | 12.3 / 45.7 | 3.2 |"
+    last_row = sweep_table([sweep_result(0.5, 10, 1.0)]).splitlines()[-1]
+    assert last_row == "| 0.5 | 10 | 0 | 1.23 | 56.8 | 12.3 / 45.7 | 3.2 |"
 
 
 def test_sweep_plot_draws_each_metric_against_achieved_throughput(tmp_path):
@@ -376,7 +377,8 @@ def test_sweep_plot_draws_each_metric_against_achieved_throughput(tmp_path):
     assert isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
     assert fig.get_suptitle() == "latency vs throughput (labels: offered request rate)"
     ttft, tpot = fig.axes
-    assert ttft.get_position().y0 == pytest.approx(tpot.get_position().y0) and ttft.get_position().x1 < tpot.get_position().x0
+    left, right = ttft.get_position(), tpot.get_position()
+    assert left.y0 == pytest.approx(right.y0) and left.x1 < right.x0
     for ax, label, ys in [(ttft, "TTFT", [12.34, 24.68]), (tpot, "TPOT", [3.21, 6.42])]:
         assert (ax.get_title(), ax.get_xlabel(), ax.get_ylabel()) == (label, "achieved output throughput (tokens/s)",
                                                                       f"{label} (ms)")
@@ -539,8 +541,10 @@ def test_a_vocabulary_of_one_allowed_id_works_and_of_none_is_refused():
     (lambda t: loadgen_datasets.random_requests(t, 1, input_len=0), "random_input_len must be an integer >= 1, got 0"),
     (lambda t: loadgen_datasets.random_requests(t, 1, output_len=-1),
      "random_output_len must be an integer >= 1, got -1"),
-    (lambda t: loadgen_datasets.random_requests(t, 1, range_ratio=1.0), "random_range_ratio must be in [0, 1), got 1.0"),
-    (lambda t: loadgen_datasets.random_requests(t, 1, range_ratio=1.5), "random_range_ratio must be in [0, 1), got 1.5"),
+    (lambda t: loadgen_datasets.random_requests(t, 1, range_ratio=1.0),
+     "random_range_ratio must be in [0, 1), got 1.0"),
+    (lambda t: loadgen_datasets.random_requests(t, 1, range_ratio=1.5),
+     "random_range_ratio must be in [0, 1), got 1.5"),
     (lambda t: loadgen_datasets.random_requests(t, 1, range_ratio=-0.1),
      "random_range_ratio must be in [0, 1), got -0.1"),
     (lambda t: loadgen_datasets.random_requests(t, 1, input_len=1, range_ratio=0.5),
@@ -832,7 +836,10 @@ def test_cli_reads_w2_from_its_path_without_a_tokenizer_and_names_files_by_defau
         assert out.splitlines()[-2:] == ["wrote sw.md and sw.png", f"wrote {saved.name}"]
         titles = []
         real_plot = loadgen_cli.plot_sweep
-        monkeypatch.setattr(loadgen_cli, "plot_sweep", lambda *a, **kw: titles.append(kw["title"]) or real_plot(*a, **kw))
+        def plot_and_record(*a, **kw):
+            titles.append(kw["title"])
+            return real_plot(*a, **kw)
+        monkeypatch.setattr(loadgen_cli, "plot_sweep", plot_and_record)
         code, out, err = cli(capsys, "--base-url", s.url, "--dataset-name", "w2", "--num-prompts", "1",
                              "--disable-tqdm", "--request-rates", "5", "--sweep-output", "one")
     assert code == 0, err
