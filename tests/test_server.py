@@ -7,6 +7,8 @@ Both are stopped by the fixture that started them, whatever happens in the test.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import re
 import signal
 import socket
@@ -21,13 +23,15 @@ import openai
 import pytest
 import torch
 import uvicorn
+from fastapi.testclient import TestClient
 
-from nano_engine import LLMEngine, generate
-from nano_engine.async_engine import AsyncLLM
+from nano_engine import LLMEngine, SamplingParams, generate
+from nano_engine.async_engine import AsyncLLM, EngineDeadError, RequestOutput
 from nano_engine.launcher import ServerProcess
 from nano_engine.loading import chat_prompt_ids
-from nano_engine.protocol import ChatCompletionRequest as Chat, CompletionRequest as Comp
-from nano_engine.server import build_app
+from nano_engine.protocol import APIError, ChatCompletionRequest as Chat, CompletionRequest as Comp
+from nano_engine.sampling import SampleLogprobs
+from nano_engine.server import OpenAIServing, _text, build_app
 
 NUM_BLOCKS, BLOCK_SIZE = 128, 16
 CHAT = ["What is the capital of France?", "Name three colors.", "Write a haiku about the sea.",
@@ -37,31 +41,47 @@ CHAT = ["What is the capital of France?", "Name three colors.", "Write a haiku a
 
 
 @pytest.fixture(scope="module")
-def server():
+def served_engine():
+    """One engine and its AsyncLLM for the module (the model loads once)."""
     engine = LLMEngine.from_pretrained(num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, max_num_seqs=16,
                                        max_num_batched_tokens=256)
     llm = AsyncLLM(engine)
+    try:
+        yield engine, llm
+    finally:
+        llm.shutdown()
+
+
+@contextlib.contextmanager
+def serving(app):
+    """uvicorn serving `app` in a thread on 127.0.0.1 (a free port); stopped on the way out."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(build_app(llm, "smol"), log_level="warning"))
+    srv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
         deadline = time.time() + 60
         while not srv.started:
             assert thread.is_alive() and time.time() < deadline, "the server did not start"
-            time.sleep(0.05)
-        url = f"http://127.0.0.1:{port}"
-        yield SimpleNamespace(url=url, engine=engine, tok=engine.tokenizer, llm=llm,
-                              client=openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0,
-                                                   timeout=300))
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         srv.should_exit = True
         thread.join(30)
-        llm.shutdown()
         sock.close()
     assert not thread.is_alive()
+
+
+@pytest.fixture
+def server(served_engine):
+    """A fresh app (build_app, its metrics) for each test, on the module's engine: each test then
+    calls build_app itself, so that mutation testing ties the app's code to every test that uses it."""
+    engine, llm = served_engine
+    with serving(build_app(llm, "smol")) as url:
+        yield SimpleNamespace(url=url, engine=engine, tok=engine.tokenizer, llm=llm,
+                              client=openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0,
+                                                   timeout=300))
 
 
 def reference(s, ids: list[int], max_tokens: int) -> list[int]:
@@ -694,3 +714,425 @@ def test_serve_builds_the_c_kernel_before_the_model_and_maps_config_errors(serve
     monkeypatch.setattr(serve_cli, "engine_config", bad_config)
     assert serve_cli.main(["--port", "0"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == "python -m nano_engine serve: error: x=1 is bad"
+
+
+# ----- the app on a scripted engine: what goes to the engine, what comes back, byte for byte -----
+
+
+class CharTokenizer:
+    """Token ids are code points; the chat template writes 'role: content' lines, then 'assistant: '."""
+    eos_token_id = 0
+
+    def __init__(self, batch_encoding: bool = False):
+        self.batch_encoding, self.templated = batch_encoding, []
+
+    def __call__(self, text):
+        return {"input_ids": [ord(c) for c in text]}
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(map(chr, ids))
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        assert add_generation_prompt is True and tokenize is True
+        self.templated.append(messages)
+        if any(m["content"] == "break the template" for m in messages):
+            raise ValueError("roles must alternate")
+        ids = [ord(c) for c in "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "]
+        return {"input_ids": ids, "attention_mask": [1] * len(ids)} if self.batch_encoding else ids
+
+
+class ScriptedStream:
+    def __init__(self, request_id, outputs):
+        self.request_id, self.outputs, self.entered, self.exited = request_id, outputs, 0, 0
+
+    async def __aenter__(self):
+        self.entered += 1
+        return self
+
+    async def __aexit__(self, *exc):
+        self.exited += 1
+
+    def __aiter__(self):
+        return self._each()
+
+    async def _each(self):
+        for out in self.outputs:
+            yield out
+
+
+class ScriptedLLM:
+    """What build_app uses of an AsyncLLM: its engine's config, the tokenizer, add_request."""
+
+    def __init__(self, tokenizer=None, num_blocks=4, block_size=16, chunked=True, max_num_batched_tokens=32,
+                 max_position_embeddings=256, policy="fcfs", outputs=None, error=None):
+        config = SimpleNamespace(num_blocks=num_blocks, block_size=block_size, enable_chunked_prefill=chunked,
+                                 max_num_batched_tokens=max_num_batched_tokens, policy=policy)
+        model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=max_position_embeddings))
+        self.engine = SimpleNamespace(config=config, model=model, stats=SimpleNamespace(preemptions=2),
+                                      scheduler=SimpleNamespace(running=["a"], waiting=["b", "c"]),
+                                      block_pool=SimpleNamespace(num_free=1, num_blocks=num_blocks))
+        self.tokenizer = CharTokenizer() if tokenizer is None else tokenizer
+        self.tokenizer_lock = threading.Lock()
+        if outputs is None:  # one finished output: what the engine sends for a request it ran
+            outputs = [output("ok", 1, True, "length")]
+        self.dead, self.on_output, self.outputs, self.error = None, None, list(outputs), error
+        self.added, self.streams = [], []
+
+    async def add_request(self, prompt_ids, params, request_id, priority=0, cache_salt=None):
+        self.added.append(SimpleNamespace(ids=prompt_ids, params=params, rid=request_id, priority=priority,
+                                          cache_salt=cache_salt))
+        if self.error is not None:
+            raise self.error
+        self.streams.append(ScriptedStream(request_id, self.outputs))
+        return self.streams[-1]
+
+
+def output(text, n, finished=False, reason=None, stop=None, cached=0, logprobs=None):
+    return RequestOutput("r", [ord(c) for c in text], text, [0.0] * len(text), 3, cached, n, 0.0, finished,
+                         reason, stop, logprobs)
+
+
+def app_client(**kw):
+    llm = ScriptedLLM(**kw)
+    return llm, TestClient(build_app(llm, "m"), raise_server_exceptions=False)
+
+
+def events(response) -> list:
+    """The server-sent events of a streamed response, [DONE] as the string."""
+    assert response.headers["content-type"].startswith("text/event-stream")
+    blocks = response.text.split("\n\n")
+    assert blocks[-1] == "" and all(b.startswith("data: ") for b in blocks[:-1]), response.text
+    return [b[6:] if b == "data: [DONE]" else json.loads(b[6:]) for b in blocks[:-1]]
+
+
+def error_of(response, status):
+    assert response.status_code == status, response.text
+    return response.json()["error"]
+
+
+def test_build_app_needs_the_engines_tokenizer():
+    llm = ScriptedLLM()
+    llm.tokenizer = None
+    with pytest.raises(ValueError) as e:
+        build_app(llm, "m")
+    assert str(e.value) == "the server needs the engine's tokenizer (LLMEngine(model, tokenizer, ...))"
+
+
+def test_the_app_serves_no_docs_pages_under_its_title():
+    _, client = app_client()
+    assert client.get("/openapi.json").json()["info"]["title"] == "nano_engine"
+    assert client.get("/docs").status_code == 404 and client.get("/redoc").status_code == 404
+
+
+def test_health_models_and_metrics_on_their_own():
+    llm, client = app_client()
+    t0 = int(time.time())
+    r = client.get("/health")
+    assert (r.status_code, r.content) == (200, b"")
+    llm.dead = RuntimeError("the engine thread died")
+    r = client.get("/health")
+    assert (r.status_code, r.json()) == (503, {"status": "dead"})
+    models = client.get("/v1/models").json()
+    created = models["data"][0]["created"]
+    assert models == {"object": "list", "data": [{"id": "m", "object": "model", "created": created,
+                                                  "owned_by": "nano_engine", "root": "m", "max_model_len": 256}]}
+    assert isinstance(created, int) and t0 - 60 <= created <= t0  # when the app was built
+    r = client.get("/metrics")
+    assert r.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    for line in ('vllm:num_requests_running{engine="0",model_name="m"} 1.0',
+                 'vllm:num_requests_waiting{engine="0",model_name="m"} 2.0',
+                 'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.75'):
+        assert line in r.text.splitlines(), line
+
+
+def test_serving_takes_its_limits_from_the_engine_config():
+    t0 = time.time()
+    serving = OpenAIServing(ScriptedLLM(num_blocks=4, block_size=16, max_position_embeddings=200), "m")
+    assert (serving.capacity, serving.max_model_len, type(serving.created)) == (64, 200, int)
+    assert int(t0) <= serving.created <= time.time() and serving.model_name == "m"
+    llm = ScriptedLLM(num_blocks=4, block_size=16, chunked=False, max_num_batched_tokens=32)
+    assert OpenAIServing(llm, "m").capacity == 32 and OpenAIServing(llm, "m").tokenizer is llm.tokenizer
+    # without chunked prefill a prompt must fit one step's budget, unless the KV cache is smaller
+    assert OpenAIServing(ScriptedLLM(num_blocks=4, block_size=16, chunked=False, max_num_batched_tokens=100),
+                         "m").capacity == 64
+
+
+def test_a_default_max_tokens_is_what_the_context_and_the_kv_cache_leave():
+    llm, client = app_client(num_blocks=4, block_size=16, max_position_embeddings=256)
+    for prompt, room in (("abc", 62), ("x" * 60, 5), ("x" * 64, 1)):  # capacity 64: 64 - len + 1
+        assert client.post("/v1/completions", json={"prompt": prompt}).status_code == 200
+        assert llm.added[-1].params.max_tokens == room
+    llm, client = app_client(num_blocks=64, block_size=16, max_position_embeddings=100)
+    client.post("/v1/completions", json={"prompt": "abc"})
+    assert llm.added[-1].params.max_tokens == 97  # the context: 100 - 3
+    llm, client = app_client(num_blocks=4, block_size=16)
+    err = error_of(client.post("/v1/completions", json={"prompt": "x" * 65}), 400)
+    assert err == {"message": "the prompt has 65 tokens, which leaves no room for output: this model's maximum "
+                              "context length is 256 tokens and the KV cache holds 64 per request",
+                   "type": "BadRequestError", "param": "prompt", "code": 400}
+    chat = {"messages": [{"role": "user", "content": "x" * 60}]}  # 6 + 60 + 1 + 11 tokens with the template
+    err = error_of(client.post("/v1/chat/completions", json=chat), 400)
+    assert err["param"] == "messages" and err["message"].startswith("the prompt has 78 tokens,")
+    assert llm.added == []  # nothing refused reached the engine
+
+
+def test_a_max_tokens_past_the_context_is_refused_by_name():
+    llm, client = app_client(num_blocks=64, max_position_embeddings=256)
+    assert client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 253}).status_code == 200
+    err = error_of(client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 254}), 400)
+    assert err == {"message": "This model's maximum context length is 256 tokens. However, you requested 257 "
+                              "tokens (3 in the prompt, 254 in the completion). Please reduce the length of the "
+                              "prompt or max_tokens.", "type": "BadRequestError", "param": "max_tokens", "code": 400}
+    chat = {"messages": [{"role": "user", "content": "hi"}]}  # 'user: hi\nassistant: ' is 20 tokens
+    err = error_of(client.post("/v1/chat/completions", json={**chat, "max_completion_tokens": 237}), 400)
+    assert err["param"] == "max_completion_tokens" and err["message"] == (
+        "This model's maximum context length is 256 tokens. However, you requested 257 tokens (20 in the "
+        "messages, 237 in the completion). Please reduce the length of the messages or max_completion_tokens.")
+    # max_completion_tokens wins over max_tokens, and its errors name it
+    client.post("/v1/chat/completions", json={**chat, "max_tokens": 5, "max_completion_tokens": 7})
+    assert llm.added[-1].params.max_tokens == 7
+    err = error_of(client.post("/v1/chat/completions", json={**chat, "max_tokens": 5, "max_completion_tokens": 0}),
+                   400)
+    assert err["param"] == "max_completion_tokens", err
+    err = error_of(client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 0}), 400)
+    assert err["param"] == "max_tokens", err
+    assert len(llm.added) == 2  # nothing refused reached the engine
+
+
+def test_each_request_field_reaches_the_engine_as_sampling_params():
+    llm, client = app_client(num_blocks=64)
+    client.post("/v1/completions", json={"prompt": "abc"})
+    assert llm.added[-1].params == SamplingParams(max_tokens=253, temperature=1.0)  # OpenAI's defaults otherwise
+    body = {"prompt": "abc", "max_tokens": 9, "temperature": 0.5, "top_p": 0.9, "top_k": 7, "seed": 11,
+            "stop_token_ids": [5, 6], "ignore_eos": True, "min_p": 0.05, "repetition_penalty": 1.1,
+            "presence_penalty": 0.2, "frequency_penalty": 0.3, "logit_bias": {"65": 2.5}, "min_tokens": 2,
+            "logprobs": 3, "stop": ["zz", "yy"], "include_stop_str_in_output": True}
+    assert client.post("/v1/completions", json=body).status_code == 200
+    assert llm.added[-1].params == SamplingParams(
+        max_tokens=9, temperature=0.5, top_p=0.9, top_k=7, seed=11, stop_token_ids=(5, 6), ignore_eos=True,
+        min_p=0.05, repetition_penalty=1.1, presence_penalty=0.2, frequency_penalty=0.3, logit_bias={65: 2.5},
+        min_tokens=2, logprobs=3, stop=("zz", "yy"), include_stop_str_in_output=True)
+    for top_k, want in ((-1, 0), (0, 0), (1, 1)):  # vLLM's -1: no limit
+        client.post("/v1/completions", json={"prompt": "abc", "top_k": top_k, "stop": "one"})
+        assert (llm.added[-1].params.top_k, llm.added[-1].params.stop) == (want, ("one",))
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    for extra, want in (({}, None), ({"logprobs": True}, 0), ({"logprobs": True, "top_logprobs": 4}, 4),
+                        ({"logprobs": False, "top_logprobs": 0}, None)):
+        client.post("/v1/chat/completions", json={**chat, **extra})
+        assert llm.added[-1].params.logprobs == want, extra
+    err = error_of(client.post("/v1/completions", json={"prompt": "abc", "logit_bias": {"x": 1}}), 400)
+    assert (err["message"], err["param"]) == ("logit_bias key 'x' must be a token id (an integer)", "logit_bias")
+    err = error_of(client.post("/v1/completions", json={"prompt": "abc", "stop": ["ok", ""]}), 400)
+    assert err["param"] == "stop", err
+
+
+def test_the_request_id_priority_and_cache_salt_reach_the_engine():
+    llm, client = app_client(policy="priority")
+    client.post("/v1/completions", json={"prompt": "abc", "priority": -3, "cache_salt": "s1"})
+    client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    (a, b) = llm.added
+    assert re.fullmatch(r"cmpl-[0-9a-f]{32}", a.rid) and re.fullmatch(r"chatcmpl-[0-9a-f]{32}", b.rid)
+    assert (a.priority, a.cache_salt, b.priority, b.cache_salt) == (-3, "s1", 0, None)
+    llm, client = app_client(policy="fcfs")
+    err = error_of(client.post("/v1/completions", json={"prompt": "abc", "priority": 1}), 400)
+    assert (err["message"], err["param"]) == (
+        "priority=1 needs --scheduling-policy priority (this server runs fcfs)", "priority")
+    assert llm.added == []
+
+
+def test_each_prompt_form_becomes_token_ids():
+    llm, client = app_client()
+    for prompt in ("abc", [97, 98, 99], ["abc"], [[97, 98, 99]]):
+        assert client.post("/v1/completions", json={"prompt": prompt}).status_code == 200
+        assert llm.added[-1].ids == [97, 98, 99], prompt
+    err = error_of(client.post("/v1/completions", json={"prompt": [[1], [2], [3]]}), 400)
+    assert (err["message"], err["param"]) == ("prompt is a batch of 3 prompts: send one prompt per request", "prompt")
+    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": None},
+            {"role": "user", "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}]
+    for batch_encoding in (False, True):  # a tokenizer may return a BatchEncoding (input_ids, attention_mask)
+        llm, client = app_client(tokenizer=CharTokenizer(batch_encoding))
+        assert client.post("/v1/chat/completions", json={"messages": chat}).status_code == 200
+        assert llm.tokenizer.templated == [[{"role": "system", "content": "be brief"}, {"role": "user", "content": ""},
+                                            {"role": "user", "content": "one\ntwo"}]]
+        text = "system: be brief\nuser: \nuser: one\ntwo\nassistant: "
+        assert llm.added[-1].ids == [ord(c) for c in text] and type(llm.added[-1].ids[0]) is int
+    err = error_of(client.post("/v1/chat/completions",
+                               json={"messages": [{"role": "user", "content": "break the template"}]}), 400)
+    assert err == {"message": "messages do not fit the model's chat template: roles must alternate",
+                   "type": "BadRequestError", "param": "messages", "code": 400}
+
+
+def test_message_content_is_a_string_or_text_parts():
+    assert (_text(None, 0), _text("", 0), _text("hi", 0), _text([], 0)) == ("", "", "hi", "")
+    assert _text([{"type": "text", "text": "a"}, {"type": "text", "text": "b c"}], 0) == "a\nb c"
+    for part, got in (({"type": "image_url", "image_url": {}}, "'image_url'"), ({"text": "no type"}, "None"),
+                      ({"type": "text", "text": 5}, "'text'"), ({"type": "text"}, "'text'")):
+        with pytest.raises(APIError) as e:
+            _text([{"type": "text", "text": "fine"}, part], 3)
+        assert (e.value.message, e.value.param) == (
+            f"messages[3].content: only text parts are supported, got {got}", "messages")
+
+
+def test_the_engines_refusals_and_its_death_have_their_status():
+    _, client = app_client(error=EngineDeadError("the engine thread is gone"))
+    err = error_of(client.post("/v1/completions", json={"prompt": "abc"}), 503)
+    assert err == {"message": "the engine thread is gone", "type": "ServiceUnavailableError", "param": None,
+                   "code": 503}
+    for error, body, param in (
+            (ValueError("prompt_ids has 9 tokens"), {"prompt": "abc"}, "prompt"),
+            (ValueError("prompt_ids has 9 tokens"), {"messages": [{"role": "user", "content": "x"}]}, "messages"),
+            (ValueError("request needs 99 slots"), {"prompt": "abc"}, "prompt"),
+            (ValueError("request needs 99 slots"), {"prompt": "abc", "max_tokens": 5}, "max_tokens"),
+            (ValueError("request needs 99 slots"), {"messages": [{"role": "user", "content": "x"}],
+                                                    "max_completion_tokens": 5}, "max_completion_tokens"),
+            (TypeError("seed must be an int"), {"prompt": "abc"}, "seed")):
+        _, client = app_client(error=error)
+        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        err = error_of(client.post(path, json=body), 400)
+        assert err == {"message": str(error), "type": "BadRequestError", "param": param, "code": 400}, (error, body)
+
+
+def test_an_unexpected_error_is_a_500_in_openais_shape():
+    class Broken(CharTokenizer):
+        def __call__(self, text):
+            raise RuntimeError("the tokenizer broke")
+
+    _, client = app_client(tokenizer=Broken())
+    err = error_of(client.post("/v1/completions", json={"prompt": "abc"}), 500)
+    assert err == {"message": "internal error: RuntimeError: the tokenizer broke", "type": "InternalServerError",
+                   "param": None, "code": 500}
+    _, client = app_client()
+    err = error_of(client.post("/v1/completions", content=b"[1, 2", headers={"content-type": "application/json"}),
+                   400)
+    assert err["type"] == "BadRequestError" and err["code"] == 400
+
+
+def head_of(body, kind, obj):
+    assert re.fullmatch(rf"{kind}-[0-9a-f]{{32}}", body["id"]) and abs(body["created"] - time.time()) < 60
+    assert type(body["created"]) is int and body["model"] == "m" and body["object"] == obj
+    return {"id": body["id"], "created": body["created"], "model": "m", "object": obj}
+
+
+def test_a_plain_completion_and_chat_response_whole():
+    outs = [output("Hel", 1), output("", 1), output("lo", 2, True, "stop", "!", cached=16)]
+    llm, client = app_client(outputs=outs)
+    body = client.post("/v1/completions", json={"prompt": "abc"}).json()
+    assert body == {**head_of(body, "cmpl", "text_completion"),
+                    "choices": [{"index": 0, "logprobs": None, "finish_reason": "stop", "stop_reason": "!",
+                                 "text": "Hello"}],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+                              "prompt_tokens_details": {"cached_tokens": 16}}}
+    assert body["id"] == llm.added[-1].rid and (llm.streams[-1].entered, llm.streams[-1].exited) == (1, 1)
+    body = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}).json()
+    assert body == {**head_of(body, "chatcmpl", "chat.completion"),
+                    "choices": [{"index": 0, "logprobs": None, "finish_reason": "stop", "stop_reason": "!",
+                                 "message": {"role": "assistant", "content": "Hello"}}],
+                    "usage": {"prompt_tokens": 20, "completion_tokens": 2, "total_tokens": 22,
+                              "prompt_tokens_details": {"cached_tokens": 16}}}
+    _, client = app_client(outputs=[output("x", 1, True, "length")])
+    choice = client.post("/v1/completions", json={"prompt": "abc"}).json()["choices"][0]
+    assert (choice["finish_reason"], choice["stop_reason"]) == ("length", None)
+
+
+def test_a_request_the_engine_failed_is_a_500():
+    _, client = app_client(outputs=[output("a", 1), output("", 1, True, "error")])
+    err = error_of(client.post("/v1/completions", json={"prompt": "abc"}), 500)
+    assert err == {"message": "the engine failed while running this request (see the server's log)",
+                   "type": "InternalServerError", "param": None, "code": 500}
+    got = events(client.post("/v1/completions", json={"prompt": "abc", "stream": True}))
+    assert got[1:] == [{"error": err}, "[DONE]"] and got[0]["choices"][0]["text"] == "a"
+
+
+def test_a_completion_stream_whole():
+    outs = [output("He", 1), output("", 1), output("llo", 2), output("", 3, True, "stop", 7)]
+    llm, client = app_client(outputs=outs)
+    got = events(client.post("/v1/completions", json={"prompt": "abc", "stream": True}))
+    head = head_of(got[0], "cmpl", "text_completion")
+    assert got == [{**head, "choices": [{"index": 0, "logprobs": None, "finish_reason": None, "stop_reason": None,
+                                         "text": t}]} for t in ("He", "llo")] + [
+        {**head, "choices": [{"index": 0, "logprobs": None, "finish_reason": "stop", "stop_reason": 7, "text": ""}]},
+        "[DONE]"]  # the empty output in between (text held back) sends nothing
+    assert head["id"] == llm.added[-1].rid and llm.streams[-1].exited == 1
+    got = events(client.post("/v1/completions", json={"prompt": "abc", "stream": True,
+                                                      "stream_options": {"include_usage": True}}))
+    assert got[-2:] == [{**head_of(got[-2], "cmpl", "text_completion"), "choices": [],
+                         "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6,
+                                   "prompt_tokens_details": {"cached_tokens": 0}}}, "[DONE]"]
+    assert all("usage" not in e for e in got[:-2])
+    got = events(client.post("/v1/completions", json={"prompt": "abc", "stream": True,
+                                                      "stream_options": {"include_usage": False}}))
+    assert len(got) == 4 and all("usage" not in e for e in got[:-1])
+
+
+def test_a_stream_with_no_output_still_ends_with_usage_and_done():
+    _, client = app_client(outputs=[])
+    got = events(client.post("/v1/completions", json={"prompt": "abc", "stream": True,
+                                                      "stream_options": {"include_usage": True}}))
+    assert got[-1] == "[DONE]" and got[0]["choices"] == [] and got[0]["usage"] == {
+        "prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3, "prompt_tokens_details": {"cached_tokens": 0}}
+    assert len(got) == 2
+
+
+def test_a_chat_stream_whole():
+    outs = [output("", 0), output("Hi", 1), output("", 1), output(" there", 2), output("", 3, True, "stop")]
+    _, client = app_client(outputs=outs)
+    got = events(client.post("/v1/chat/completions",
+                             json={"messages": [{"role": "user", "content": "hi"}], "stream": True}))
+    head = head_of(got[0], "chatcmpl", "chat.completion.chunk")
+
+    def chunk(delta, reason=None):
+        return {**head, "choices": [{"index": 0, "logprobs": None, "finish_reason": reason, "stop_reason": None,
+                                     "delta": delta}]}
+
+    # the first chunk names the role even with no text yet; a last chunk with no text has an empty delta
+    assert got == [chunk({"role": "assistant", "content": ""}), chunk({"content": "Hi"}),
+                   chunk({"content": " there"}), chunk({}, "stop"), "[DONE]"]
+    _, client = app_client(outputs=[output("A", 1), output("B", 2, True, "length")])
+    got = events(client.post("/v1/chat/completions",
+                             json={"messages": [{"role": "user", "content": "hi"}], "stream": True}))
+    assert [c["choices"][0]["delta"] for c in got[:-1]] == [{"role": "assistant", "content": "A"}, {"content": "B"}]
+    assert got[1]["choices"][0]["finish_reason"] == "length"
+
+
+def lp(token, logprob, *tops):
+    return SampleLogprobs(ord(token), logprob, 1, [ord(t) for t, _ in tops], [v for _, v in tops])
+
+
+def test_logprobs_in_openais_two_shapes():
+    outs = [output("ab", 2, logprobs=[lp("a", -0.5, ("a", -0.5), ("z", -2.0)),
+                                      lp("b", -1.5, ("c", -1.0), ("b", -1.5))]),
+            output("é", 3, True, "length", logprobs=[lp("é", -0.25, ("é", -0.25), ("e", -3.0))])]
+    _, client = app_client(outputs=outs)
+    got = client.post("/v1/completions", json={"prompt": "abc", "logprobs": 2}).json()["choices"][0]["logprobs"]
+    assert got == {"tokens": ["a", "b", "é"], "token_logprobs": [-0.5, -1.5, -0.25],
+                   "top_logprobs": [{"a": -0.5, "z": -2.0}, {"c": -1.0, "b": -1.5}, {"é": -0.25, "e": -3.0}],
+                   "text_offset": [0, 1, 2]}
+    got = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                     "logprobs": True, "top_logprobs": 2}).json()
+    first, _, last = got["choices"][0]["logprobs"]["content"]
+    assert first == {"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": [
+        {"token": "a", "logprob": -0.5, "bytes": [97]}, {"token": "z", "logprob": -2.0, "bytes": [122]}]}
+    assert last["bytes"] == [195, 169] and last["top_logprobs"][1] == {"token": "e", "logprob": -3.0, "bytes": [101]}
+    # a sampled token outside the top k is added to completions' top_logprobs, as vLLM does
+    _, client = app_client(outputs=[output("q", 1, True, "length", logprobs=[lp("q", -4.0, ("a", -0.1))])])
+    got = client.post("/v1/completions", json={"prompt": "abc", "logprobs": 1}).json()["choices"][0]["logprobs"]
+    assert got["top_logprobs"] == [{"a": -0.1, "q": -4.0}]
+
+
+def test_streamed_logprobs_go_with_the_chunk_that_carries_their_text():
+    outs = [output("a", 1, logprobs=[lp("a", -0.5)]), output("", 2, logprobs=[lp("\x01", -1.0)]),
+            output("bc", 3, logprobs=[lp("c", -2.0)]), output("", 3, True, "stop")]
+    _, client = app_client(outputs=outs)
+    got = events(client.post("/v1/completions", json={"prompt": "abc", "logprobs": 0, "stream": True}))
+    assert [c["choices"][0]["logprobs"] for c in got[:-1]] == [
+        {"tokens": ["a"], "token_logprobs": [-0.5], "top_logprobs": [{"a": -0.5}], "text_offset": [0]},
+        {"tokens": ["\x01", "c"], "token_logprobs": [-1.0, -2.0], "top_logprobs": [{"\x01": -1.0}, {"c": -2.0}],
+         "text_offset": [1, 2]},  # the held-back token's logprob comes with the next chunk that is sent
+        {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}]
+    got = events(client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                           "logprobs": True, "stream": True}))
+    assert [[x["token"] for x in c["choices"][0]["logprobs"]["content"]] for c in got[:-1]] == [
+        ["a"], ["\x01", "c"], []]
+    _, client = app_client(outputs=[output("a", 1), output("bc", 3, True, "stop")])  # none asked for, none sent
+    got = events(client.post("/v1/completions", json={"prompt": "abc", "stream": True}))
+    assert [c["choices"][0]["logprobs"] for c in got[:-1]] == [None, None]
