@@ -310,8 +310,10 @@ class AsyncLLM:
         try:
             stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
         except RuntimeError:  # the caller's event loop is closed: nobody is listening
-            if item is not None and not getattr(item, "finished", True) and stream.request_id in self.engine.requests:
-                self.engine.abort(stream.request_id)
+            if isinstance(item, RequestOutput) and not item.finished:
+                # As a cancelled caller's abort: applied in the next turn, whose _publish then
+                # hands out its "abort" output (on_output counts it) and releases it.
+                self._submit(("abort", stream.request_id))
 
     def _close_all(self) -> None:
         """On shutdown (or a crash): abort what is left, tell every caller, refuse queued adds."""

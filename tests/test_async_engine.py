@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 import time
 
@@ -439,3 +440,113 @@ def test_a_failing_on_output_is_logged_and_the_stream_goes_on(make, caplog):
     assert sum(len(o.new_token_ids) for o in outs) == 3 and outs[-1].finished
     logged = {(r.getMessage(), str(r.exc_info[1])) for r in caplog.records}
     assert logged == {("on_output failed", "metrics are broken")}
+
+
+def wait_until(condition, timeout: float = 20.0) -> bool:
+    deadline = time.time() + timeout
+    while not condition() and time.time() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_a_caller_whose_event_loop_closed_has_its_request_aborted(make):
+    """asyncio.run closes its loop on return: a stream left unread there can never be handed an
+    output, so the engine thread aborts its request at the next output and serves on."""
+    llm = make(num_blocks=64, block_size=4)
+    finals = []
+    llm.on_output = lambda out: finals.append((out.request_id, out.finish_reason)) if out.finished else None
+    asyncio.run(llm.add_request(list(range(1, 9)), SamplingParams(max_tokens=200, ignore_eos=True), "orphan"))
+    assert wait_until(lambda: not llm.engine.requests)
+    assert finals == [("orphan", "abort")] and llm.num_streams == 0
+    assert llm.engine.block_pool.num_free == 64 and llm.dead is None and llm._thread.is_alive()
+    outs = run(collect(llm, [1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True)))
+    assert [o.new_token_ids for o in outs] != [] and outs[-1].finish_reason == "length"
+
+
+def test_a_shutdown_whose_abort_fails_still_tells_a_caller_behind_a_closed_loop_one(make, monkeypatch):
+    """The engine cannot abort at shutdown, and the first stream's caller has closed its loop: it
+    cannot be told, and must not be aborted again (that would fail too and leave the rest waiting)."""
+    llm = make(max_num_seqs=1)
+
+    def broken_abort(request_id):
+        raise Bug(f"cannot abort {request_id}")
+
+    async def main():
+        first = await llm.add_request([1, 2, 3], SamplingParams(max_tokens=4000, ignore_eos=True), "first")
+        await first.__anext__()  # running: the ones below wait (max_num_seqs=1) and get no output
+        await asyncio.to_thread(asyncio.run, llm.add_request([4, 5], SamplingParams(max_tokens=2), "gone"))
+        last = await llm.add_request([6, 7], SamplingParams(max_tokens=2), "last")
+        assert list(llm._streams) == ["first", "gone", "last"]
+        monkeypatch.setattr(llm.engine, "abort", broken_abort)
+        threading.Thread(target=llm.shutdown).start()
+        with pytest.raises(EngineDeadError) as e:
+            await asyncio.wait_for(last.__anext__(), 10)
+        return str(e.value)
+
+    assert run(main()) == "the engine stopped before request last finished (shut down)"
+    assert wait_until(lambda: not llm._thread.is_alive())
+
+
+def test_a_request_that_waits_its_turn_does_not_hold_back_the_others_outputs(make):
+    """Under the priority policy the later-added, more urgent request runs first: the one that waits
+    (and so has no output) comes first in the engine thread's streams, and must not hold back the
+    outputs of those after it: each step's token reaches its caller in that step."""
+    llm = make(max_num_seqs=1, policy="priority")
+    order = []
+    llm.on_output = lambda out: order.append((out.request_id, len(out.new_token_ids)))
+    sp = SamplingParams(max_tokens=3, ignore_eos=True)
+
+    async def main():
+        with llm._cond:  # held: the engine thread takes both adds in one turn, so they meet in one step
+            tasks = [asyncio.ensure_future(collect(llm, [1, 2, 3], sp, request_id="later", priority=1)),
+                     asyncio.ensure_future(collect(llm, [4, 5, 6], sp, request_id="urgent", priority=0))]
+            while len(llm._commands) < 2:
+                await asyncio.sleep(0)
+        return await asyncio.gather(*tasks)
+
+    later, urgent = run(main())
+    assert [len(o.new_token_ids) for o in urgent] == [1, 1, 1]  # one output per step, none held back
+    assert order == [("urgent", 1)] * 3 + [("later", 1)] * 3
+    assert [len(o.new_token_ids) for o in later] == [1, 1, 1]
+
+
+def test_requests_without_a_priority_or_an_id_get_zero_and_a_fresh_id(make):
+    llm = make()
+    seen = []
+    llm.on_output = lambda out: None if out.finished else seen.append(
+        (out.request_id, llm.engine.requests[out.request_id].priority))  # a finished one is released
+    for _ in range(2):
+        run(collect(llm, [1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True)))
+    (a, pa), (b, pb) = seen
+    assert pa == pb == 0 and a != b
+    assert re.fullmatch(r"req-0-[0-9a-f]{8}", a) and re.fullmatch(r"req-1-[0-9a-f]{8}", b)
+
+
+def test_after_shutdown_an_add_says_the_engine_shut_down(make):
+    llm = make()
+    llm.shutdown()
+    with pytest.raises(EngineDeadError) as e:
+        run(llm.add_request([1, 2], SamplingParams()))
+    assert str(e.value) == "the engine is not running (shut down)"
+
+
+def test_without_a_tokenizer_the_text_is_empty(make):
+    outs = run(collect(make(), [1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True)))
+    assert [o.new_text for o in outs] == ["", "", ""] and [o.stop_reason for o in outs] == [None] * 3
+
+
+class LettersTokenizer:
+    """Every token reads "a": with the stop string "ab", the text always ends in what may begin it."""
+
+    def decode(self, ids, **kwargs):
+        return "a" * len(ids)
+
+
+def test_a_held_back_tail_is_handed_out_with_the_last_output(tiny):
+    llm = AsyncLLM(LLMEngine(tiny), LettersTokenizer())
+    try:
+        outs = run(collect(llm, [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True, stop=["ab"])))
+    finally:
+        llm.shutdown()
+    assert [o.new_text for o in outs] == ["", "a", "a", "aa"]  # the last "a" might have begun "ab"
+    assert outs[-1].finish_reason == "length" and outs[-1].stop_reason is None
