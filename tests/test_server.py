@@ -31,7 +31,7 @@ from nano_engine.launcher import ServerProcess
 from nano_engine.loading import chat_prompt_ids
 from nano_engine.protocol import APIError, ChatCompletionRequest as Chat, CompletionRequest as Comp
 from nano_engine.sampling import SampleLogprobs
-from nano_engine.server import OpenAIServing, _text, build_app
+from nano_engine.server import OpenAIServing, _disconnected, _text, build_app
 
 NUM_BLOCKS, BLOCK_SIZE = 128, 16
 CHAT = ["What is the capital of France?", "Name three colors.", "Write a haiku about the sea.",
@@ -1136,3 +1136,55 @@ def test_streamed_logprobs_go_with_the_chunk_that_carries_their_text():
     _, client = app_client(outputs=[output("a", 1), output("bc", 3, True, "stop")])  # none asked for, none sent
     got = events(client.post("/v1/completions", json={"prompt": "abc", "stream": True}))
     assert [c["choices"][0]["logprobs"] for c in got[:-1]] == [None, None]
+
+
+def test_an_unknown_model_is_a_404_in_openais_shape():
+    llm, client = app_client()
+    err = error_of(client.post("/v1/completions", json={"prompt": "abc", "model": "gpt-4"}), 404)
+    assert err == {"message": "The model `gpt-4` does not exist; this server serves `m`", "type": "NotFoundError",
+                   "param": "model", "code": "model_not_found"}
+    assert client.post("/v1/completions", json={"prompt": "abc", "model": "m"}).status_code == 200
+    assert client.post("/v1/completions", json={"prompt": "abc"}).status_code == 200  # no model: the one served
+    assert len(llm.added) == 2
+
+
+def test_a_bad_stop_and_a_non_text_part_are_refused_with_their_reason():
+    llm, client = app_client()
+    for stop, message in (([""], "stop=[''] must not contain an empty string"),
+                          (["a", ""], "stop=['a', ''] must not contain an empty string")):
+        err = error_of(client.post("/v1/completions", json={"prompt": "abc", "stop": stop}), 400)
+        assert err == {"message": message, "type": "BadRequestError", "param": "stop", "code": 400}
+    messages = [{"role": "user", "content": "hi"}, {"role": "user", "content": [{"type": "image_url"}]}]
+    err = error_of(client.post("/v1/chat/completions", json={"messages": messages}), 400)
+    assert err["message"] == "messages[1].content: only text parts are supported, got 'image_url'"  # its index
+    assert llm.added == []
+
+
+def test_one_output_token_past_the_context_is_refused_too():
+    llm, client = app_client(num_blocks=64, max_position_embeddings=256)
+    assert client.post("/v1/completions", json={"prompt": "a" * 255, "max_tokens": 1}).status_code == 200
+    err = error_of(client.post("/v1/completions", json={"prompt": "a" * 256, "max_tokens": 1}), 400)
+    assert err["param"] == "max_tokens" and err["message"].startswith(
+        "This model's maximum context length is 256 tokens. However, you requested 257 tokens (256 in the prompt, "
+        "1 in the completion).")
+    assert len(llm.added) == 1
+
+
+def test_streamed_events_carry_utf8_text_unescaped():
+    """vLLM's chunks are UTF-8 JSON: "é", not "\\u00e9" (both decode alike; the bytes differ)."""
+    _, client = app_client(outputs=[output("é", 1), output("€", 2, True, "length")])
+    r = client.post("/v1/completions", json={"prompt": "abc", "stream": True})
+    assert '"text": "é"' in r.text and '"text": "€"' in r.text and "\\u" not in r.text
+
+
+def test_the_disconnect_watch_skips_other_messages_and_ends_on_the_disconnect():
+    messages = [{"type": "http.request", "body": b"", "more_body": False}, {"type": "http.disconnect"}]
+    seen = []
+
+    class Raw:
+        async def receive(self):
+            seen.append(messages[len(seen)])
+            return seen[-1]
+
+    asyncio.run(asyncio.wait_for(_disconnected(Raw()), 5))
+    assert seen == messages
