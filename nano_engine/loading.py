@@ -174,7 +174,8 @@ def check_model(path: str | os.PathLike | None = None, tokenizer: bool = True) -
 
 def load_checkpoint(path: str | os.PathLike | None = None,
                     dtype: torch.dtype | str = torch.float32) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(Hugging-Face-style config dict, state dict with HF names) of a folder or GGUF file."""
+    """(Hugging-Face-style config dict, state dict with HF names) of a folder or GGUF file. A model
+    with tied embeddings has no lm_head.weight in the state dict, even if its checkpoint holds one."""
     path, dtype = resolve_model_path(path), resolve_dtype(dtype)
     if path.is_dir():
         return _load_hf_folder(path, dtype)

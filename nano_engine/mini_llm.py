@@ -338,9 +338,8 @@ class Transformer(nn.Module):
         cfg = ModelConfig.from_hf(hf_config)
         with torch.device("meta"):
             model = cls(cfg)
-        if cfg.tie_word_embeddings:
-            state.pop("lm_head.weight", None)
-        # The config and the weights come from different files: say which side disagrees.
+        # The config and the weights come from different files: say which side disagrees (a tied
+        # model's lm_head.weight is the embedding: load_checkpoint leaves it out of `state`).
         expected = {k: tuple(v.shape) for k, v in model.state_dict().items()
                     if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
         missing = sorted(expected.keys() - state.keys())

@@ -1,10 +1,17 @@
 """mini_llm against Hugging Face transformers on tiny random Llama, Qwen2 and Qwen3 checkpoints."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import transformers
+from torch import nn
 
-from nano_engine.mini_llm import Transformer, generate
+from nano_engine import mini_llm
+from nano_engine.loading import ModelLoadError
+from nano_engine.mini_llm import (ModelConfig, PackedWeight, RMSNorm, Transformer, generate, linear,
+                                  rope_inv_freq)
+from nano_engine.tiny import tiny_model
 
 COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
@@ -81,3 +88,277 @@ def test_bfloat16_linear_gives_each_row_the_bits_it_gets_alone(shape):
     alone = torch.cat([linear(x[i:i + 1], w) for i in range(len(x))])
     for rows in (2, 3, 17, 32, 33, 40, 65, 100):
         assert torch.equal(linear(x[:rows], w), alone[:rows]), rows
+
+
+# ----- the parts a forward pass does not show: config reading, loading, fusing, packing -----
+
+BASE = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}
+
+
+def test_from_hf_fills_in_what_a_config_leaves_out():
+    cfg = ModelConfig.from_hf(BASE)
+    assert cfg == ModelConfig(97, 64, 128, 2, 4, num_key_value_heads=4, head_dim=16, rms_norm_eps=1e-6,
+                              rope_theta=10000.0, rope_scaling=None, max_position_embeddings=8192,
+                              tie_word_embeddings=False, attention_bias=False, qk_norm=False, eos_token_id=None,
+                              model_type="llama")
+    assert type(cfg.head_dim) is int  # hidden_size // heads: a float head_dim breaks every reshape
+
+
+def test_from_hf_reads_each_field_it_is_given():
+    given = dict(BASE, model_type="qwen2", num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-5, rope_theta=5e5,
+                 max_position_embeddings=512, tie_word_embeddings=True, attention_bias=False, eos_token_id=[1, 2])
+    assert ModelConfig.from_hf(given) == ModelConfig(
+        97, 64, 128, 2, 4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-5, rope_theta=5e5, rope_scaling=None,
+        max_position_embeddings=512, tie_word_embeddings=True, attention_bias=False, qk_norm=False,
+        eos_token_id=[1, 2], model_type="qwen2")
+    # q/k/v biases: Qwen2's default, anyone's when asked for
+    kinds = {kind: ModelConfig.from_hf(dict(BASE, model_type=kind)) for kind in ("llama", "qwen2", "qwen3", "mistral")}
+    assert {k: (c.model_type, c.attention_bias, c.qk_norm) for k, c in kinds.items()} == {
+        "llama": ("llama", False, False), "qwen2": ("qwen2", True, False), "qwen3": ("qwen3", False, True),
+        "mistral": ("mistral", False, False)}
+    assert ModelConfig.from_hf(dict(BASE, attention_bias=True)).attention_bias is True
+    with pytest.raises(ValueError) as e:
+        ModelConfig.from_hf(dict(BASE, model_type="gpt2"))
+    assert str(e.value) == "model_type 'gpt2' is not supported (llama, qwen2, qwen3)"
+
+
+@pytest.mark.parametrize("fields, theta, scaling", [
+    ({"rope_theta": 5e5}, 5e5, None),
+    ({"rope_scaling": LLAMA3}, 10000.0, LLAMA3),
+    ({"rope_theta": 5e5, "rope_scaling": LLAMA3}, 5e5, LLAMA3),
+    # transformers 5 writes rope_parameters: the theta, and the scaling unless it is the default
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}, 1e6, None),
+    ({"rope_parameters": {"rope_theta": 1e6}}, 1e6, None),
+    ({"rope_parameters": {**LLAMA3, "rope_theta": 5e5}}, 5e5, {**LLAMA3, "rope_theta": 5e5}),
+])
+def test_from_hf_reads_rope_from_either_place(fields, theta, scaling):
+    cfg = ModelConfig.from_hf(dict(BASE, **fields))
+    assert (cfg.rope_theta, cfg.rope_scaling) == (theta, scaling)
+
+
+def test_rope_scaling_of_the_default_type_under_either_key_is_no_scaling():
+    plain = rope_inv_freq(ModelConfig.from_hf(BASE))
+    for sc in ({"type": "default"}, {"rope_type": "default"}, {"type": None}, {}):
+        cfg = ModelConfig.from_hf(BASE)
+        cfg.rope_scaling = sc
+        assert torch.equal(rope_inv_freq(cfg), plain), sc
+    cfg.rope_scaling = {"type": "llama3", **{k: v for k, v in LLAMA3.items() if k != "rope_type"}}
+    assert not torch.equal(rope_inv_freq(cfg), plain)  # the old key still names the type
+    cfg.rope_scaling = {"type": "linear", "factor": 2.0}
+    with pytest.raises(ValueError, match="rope_scaling .* is not supported"):
+        rope_inv_freq(cfg)
+
+
+def test_rms_norm_divides_by_the_root_mean_square_plus_its_eps():
+    x = torch.tensor([[1.0, 2.0, 3.0, 4.0]], dtype=torch.float64)
+    norm = RMSNorm(4, eps=0.5).double()
+    assert norm.eps == 0.5
+    assert torch.allclose(norm(x), x / torch.sqrt((x * x).mean() + 0.5), rtol=1e-12, atol=0)
+
+
+def small_config(**kw):
+    return ModelConfig(**{**dict(vocab_size=16, hidden_size=8, intermediate_size=12, num_hidden_layers=2,
+                                 num_attention_heads=2, num_key_value_heads=1, head_dim=4), **kw})
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_fuse_stacks_the_weights_in_buffers_and_keeps_each_weight_a_view(bias):
+    torch.manual_seed(0)
+    model = Transformer(small_config(attention_bias=bias)).double().eval().requires_grad_(False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = torch.tensor([3, 1, 4, 1, 5])
+    plain = model.compute_logits(model(ids, torch.arange(5)))
+    model.fuse()
+    for i, block in enumerate(model.model.layers):
+        for owner, fused, parts in ((block.self_attn, "qkv", ("q_proj", "k_proj", "v_proj")),
+                                    (block.mlp, "gate_up", ("gate_proj", "up_proj"))):
+            prefix = f"model.layers.{i}.{'self_attn' if fused == 'qkv' else 'mlp'}"
+            stacked = getattr(owner, f"{fused}_weight")
+            assert torch.equal(stacked, torch.cat([before[f"{prefix}.{p}.weight"] for p in parts]))
+            stacked_bias = getattr(owner, f"{fused}_bias")
+            if bias and fused == "qkv":
+                assert torch.equal(stacked_bias, torch.cat([before[f"{prefix}.{p}.bias"] for p in parts]))
+            else:
+                assert stacked_bias is None
+            for p in parts:  # each projection's weight reads the stacked rows: no second copy
+                for kind, whole in (("weight", stacked), ("bias", stacked_bias)):
+                    t = getattr(getattr(owner, p), kind)
+                    if t is None:
+                        continue
+                    assert isinstance(t, nn.Parameter) and not t.requires_grad
+                    assert t.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr()
+                    assert torch.equal(t, before[f"{prefix}.{p}.{kind}"]), (prefix, p, kind)
+    # The stacked buffers stay out of the state dict, which keeps Hugging Face's names and values
+    assert model.state_dict().keys() == before.keys()
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert torch.allclose(model.compute_logits(model(ids, torch.arange(5))), plain, rtol=1e-12, atol=1e-12)
+
+
+def test_onednn_linear_is_there_on_this_torch_and_is_checked_before_use(monkeypatch):
+    """The pinned torch CPU wheel ships oneDNN: float32 takes its path (mini_llm.linear). A build
+    whose oneDNN op is missing, fails or disagrees with F.linear gets the plain path."""
+    assert mini_llm._has_onednn_linear() is True and mini_llm.ONEDNN_FP32 is True
+    real = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda x, w, *rest: real(x, w, *rest) + 1)
+    assert mini_llm._has_onednn_linear() is False
+
+    def fails(*args):
+        raise RuntimeError("no oneDNN kernel for this CPU")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", fails)
+    assert mini_llm._has_onednn_linear() is False
+    monkeypatch.setattr(torch, "ops", SimpleNamespace(mkldnn=SimpleNamespace()))
+    assert mini_llm._has_onednn_linear() is False
+
+
+def sites_of(model):
+    return [(owner, attr, weight) for owner, attr, weight in model.linear_sites()]
+
+
+def test_linear_sites_are_every_matmul_of_a_forward_pass():
+    model = tiny_model(seed=1, dtype=torch.float32)
+    want = []
+    for b in model.model.layers:
+        a, m = b.self_attn, b.mlp
+        want += [(getattr(a, n), "packed", getattr(a, n).weight) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        want += [(getattr(m, n), "packed", getattr(m, n).weight) for n in ("gate_proj", "up_proj", "down_proj")]
+    want.append((model.lm_head, "packed", model.lm_head.weight))
+
+    def same(got, expected):
+        return len(got) == len(expected) and all(o is o2 and a == a2 and w is w2
+                                                 for (o, a, w), (o2, a2, w2) in zip(got, expected))
+
+    assert same(sites_of(model), want)
+    model.fuse()
+    want = []
+    for b in model.model.layers:
+        a, m = b.self_attn, b.mlp
+        want += [(a, "qkv_packed", a.qkv_weight), (a.o_proj, "packed", a.o_proj.weight),
+                 (m, "gate_up_packed", m.gate_up_weight), (m.down_proj, "packed", m.down_proj.weight)]
+    want.append((model.lm_head, "packed", model.lm_head.weight))
+    assert same(sites_of(model), want)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_prepack_packs_every_site_keeps_the_tokens_and_unpack_drops_them(fused):
+    model = tiny_model(seed=1, dtype=torch.float32)
+    if fused:
+        model.fuse()
+    ids = [5, 6, 7, 8]
+    plain = generate(model, ids, 12)
+    assert not model.prepacked
+    assert model.prepack() is model and model.prepacked
+    for owner, attr, weight in model.linear_sites():
+        packed = getattr(owner, attr)
+        assert isinstance(packed, PackedWeight) and packed.matches(weight)
+    assert generate(model, ids, 12) == plain
+    assert model.unpack() is model and not model.prepacked
+    assert all(getattr(owner, attr) is None for owner, attr, _ in model.linear_sites())
+    assert generate(model, ids, 12) == plain
+    with pytest.raises(ValueError) as e:
+        tiny_model(dtype=torch.float64).prepack()
+    assert str(e.value).startswith("prepack needs a float32 model; this one is torch.float64 ")
+
+
+def test_a_packed_weight_is_used_only_while_its_weight_is_unchanged():
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(24, 16, generator=gen)
+    packed = PackedWeight(w)
+    assert packed.matches(w) and packed.tensor.shape != () and not packed.matches(w.clone())
+    assert not packed.matches(w.double()) and not packed.matches(w[:12])
+    x = torch.randn(3, 16, generator=gen)
+    assert torch.allclose(linear(x, w, packed=packed), x @ w.T, rtol=1e-5, atol=1e-5)
+    w.mul_(2)  # in place: same storage and shape, a new version
+    assert not packed.matches(w)
+    assert torch.allclose(linear(x, w, packed=packed), x @ w.T, rtol=1e-5, atol=1e-5)  # the stale one is not read
+    model = tiny_model(seed=1, dtype=torch.float32).prepack()
+    with torch.no_grad():
+        model.lm_head.weight.add_(0)
+    assert not model.prepacked  # one stale site is enough
+
+
+def write_folder(folder, cfg_fields, state):
+    import json
+
+    from safetensors.torch import save_file
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg_fields))
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
+    return folder
+
+
+def small_checkpoint(**fields):
+    cfg = dict(model_type="llama", vocab_size=16, hidden_size=8, intermediate_size=12, num_hidden_layers=2,
+               num_attention_heads=2, num_key_value_heads=1, head_dim=4, **fields)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.from_hf(cfg))
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if cfg.get("tie_word_embeddings"):
+        state.pop("lm_head.weight")
+    return cfg, state
+
+
+def test_from_pretrained_loads_an_inference_model_fused_and_named(tmp_path):
+    cfg, state = small_checkpoint()
+    folder = write_folder(tmp_path / "m", cfg, state)
+    model = Transformer.from_pretrained(folder, dtype=torch.float64)
+    assert model.name_or_path == str(folder) and model.dtype == torch.float64 and not model.training
+    assert not any(p.requires_grad for p in model.parameters())
+    assert model.model.layers[0].self_attn.qkv_weight is not None and not model.prepacked
+    assert all(torch.equal(model.state_dict()[k], v.double()) for k, v in state.items())
+    assert Transformer.from_pretrained(folder, prepack=True).prepacked
+    with pytest.raises(ValueError) as e:
+        Transformer.from_pretrained(folder, dtype="bf16", prepack=True)
+    assert str(e.value) == "prepack=True needs dtype float32, got torch.bfloat16"
+    with pytest.raises(TypeError) as e:
+        Transformer.from_pretrained(folder, prepack="yes")
+    assert str(e.value) == "prepack='yes' must be True or False, got str"
+
+
+def test_a_tied_checkpoint_loads_with_or_without_a_head_of_its_own(tmp_path):
+    cfg, state = small_checkpoint(tie_word_embeddings=True)
+    for name, extra in (("bare", {}), ("with_head", {"lm_head.weight": torch.zeros(16, 8)})):
+        model = Transformer.from_pretrained(write_folder(tmp_path / name, cfg, {**state, **extra}))
+        assert model.lm_head.weight is model.model.embed_tokens.weight, name
+        assert torch.equal(model.lm_head.weight, state["model.embed_tokens.weight"]), name
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda s: [s.pop(f"model.layers.{i}.self_attn.q_proj.weight") for i in (0, 1)],
+     "missing model.layers.0.self_attn.q_proj.weight, model.layers.1.self_attn.q_proj.weight"),
+    (lambda s: [s.pop(k) for k in ("model.norm.weight", "model.layers.1.mlp.up_proj.weight",
+                                   "model.layers.0.mlp.up_proj.weight")],
+     "missing model.layers.0.mlp.up_proj.weight, model.layers.1.mlp.up_proj.weight, ..."),
+    (lambda s: s.update({"extra.weight": torch.zeros(2)}), "unexpected extra.weight"),
+    (lambda s: s.update({"model.norm.weight": torch.ones(9)}), "model.norm.weight is (9,), the config says (8,)"),
+    (lambda s: (s.pop("model.norm.weight"), s.update({"a.weight": torch.zeros(1), "b.weight": torch.zeros(1),
+                                                       "c.weight": torch.zeros(1)})),
+     "missing model.norm.weight; unexpected a.weight, b.weight, ..."),
+])
+def test_weights_that_do_not_match_the_config_are_named(tmp_path, monkeypatch, edit, says):
+    cfg, state = small_checkpoint()
+    edit(state)
+    folder = write_folder(tmp_path / "m", cfg, state)
+    with pytest.raises(ModelLoadError) as e:
+        Transformer.from_pretrained(folder)
+    assert str(e.value) == f"{folder}: the weights do not match config.json: {says}"
+    # A GGUF file's config is its metadata
+    from nano_engine import loading
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"")
+    monkeypatch.setattr(loading, "resolve_model_path", lambda path: gguf)
+    monkeypatch.setattr(loading, "load_checkpoint", lambda path: (cfg, dict(state)))
+    with pytest.raises(ModelLoadError) as e:
+        Transformer.from_pretrained(gguf)
+    assert str(e.value) == f"{gguf}: the weights do not match the GGUF metadata: {says}"
+
+
+def test_prepack_without_onednn_says_so(monkeypatch):
+    monkeypatch.setattr(mini_llm, "ONEDNN_FP32", False)
+    model = tiny_model(dtype=torch.float32)
+    with pytest.raises(RuntimeError) as e:
+        model.prepack()
+    assert str(e.value) == "prepack needs PyTorch's oneDNN (torch.backends.mkldnn), which this build lacks"
+    assert not model.prepacked
