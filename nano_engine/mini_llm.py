@@ -145,7 +145,7 @@ class ModelConfig:
         """Read a Hugging Face config.json (as a dict)."""
         kind = cfg.get("model_type", "llama")
         if kind not in ("llama", "qwen2", "qwen3", "mistral"):
-            raise ValueError(f"model_type {kind!r} is not supported (llama, qwen2, qwen3)")
+            raise ValueError(f"model_type {kind!r} is not supported (llama, mistral, qwen2, qwen3)")
         rope = cfg.get("rope_parameters") or {}
         heads = cfg["num_attention_heads"]
         return cls(
