@@ -151,6 +151,26 @@ def test_rope_scaling_of_the_default_type_under_either_key_is_no_scaling():
         rope_inv_freq(cfg)
 
 
+@pytest.mark.parametrize("lo, hi", [(1.0, 4.0), (2.0, 8.0), (0.5, 3.0)])
+def test_llama3_rope_frequencies_are_transformers(lo, hi):
+    """Llama 3's rescaling against transformers' own, with factors other than Llama 3.1's 1 and 4."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    scaling = dict(LLAMA3, low_freq_factor=lo, high_freq_factor=hi)
+    fields = dict(BASE, hidden_size=256, rope_theta=5e5)  # head_dim 64: wavelengths 6.3 to 2.3e5
+    hf = transformers.LlamaConfig(**fields, rope_parameters={**scaling, "rope_theta": 5e5})
+    want, _ = ROPE_INIT_FUNCTIONS["llama3"](hf)
+    ours = rope_inv_freq(ModelConfig.from_hf(dict(fields, rope_scaling=scaling)))
+    wavelen = 2 * torch.pi / ours
+    assert ((wavelen > 64 / hi) & (wavelen < 64 / lo)).any()  # some frequencies are in the smoothed band
+    torch.testing.assert_close(ours, want.float(), rtol=1e-6, atol=0)
+
+
+def test_llama3_rope_factors_left_out_are_llama_3_1s():
+    omitted = {k: v for k, v in LLAMA3.items() if not k.endswith("_freq_factor")}
+    cfgs = [ModelConfig.from_hf(dict(BASE, rope_scaling=sc)) for sc in (omitted, LLAMA3)]
+    assert torch.equal(rope_inv_freq(cfgs[0]), rope_inv_freq(cfgs[1]))
+
+
 def test_rms_norm_divides_by_the_root_mean_square_plus_its_eps():
     x = torch.tensor([[1.0, 2.0, 3.0, 4.0]], dtype=torch.float64)
     norm = RMSNorm(4, eps=0.5).double()
@@ -164,6 +184,14 @@ SMALL = dict(vocab_size=16, hidden_size=8, intermediate_size=12, num_hidden_laye
 
 def small_config(**kw):
     return ModelConfig(**SMALL, **kw)
+
+
+def test_every_norm_has_the_configs_eps():
+    """A norm left at torch's own eps (rms_norm's eps=None) moves the logits by less than any
+    tolerance; only the eps itself shows it."""
+    model = Transformer(small_config(rms_norm_eps=0.25, qk_norm=True))
+    norms = {name: m.eps for name, m in model.named_modules() if isinstance(m, RMSNorm)}
+    assert len(norms) == 2 * 4 + 1 and set(norms.values()) == {0.25}, norms
 
 
 @pytest.mark.parametrize("bias", [False, True])
