@@ -1,5 +1,6 @@
 """mini_llm against Hugging Face transformers on tiny random Llama, Qwen2 and Qwen3 checkpoints."""
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -90,6 +91,50 @@ def test_bfloat16_linear_gives_each_row_the_bits_it_gets_alone(shape):
         assert torch.equal(linear(x[:rows], w), alone[:rows]), rows
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("lead", [(1,), (5,), (40,), (1, 3), (2, 3)])
+def test_linear_is_x_times_w_transposed_plus_the_bias(dtype, lead):
+    """Every path of `linear` (oneDNN for float32, one row as two and chunks of HALF_ROWS for the
+    half types, F.linear for the rest and for 3-d inputs) against float64 arithmetic, bias included."""
+    gen = torch.Generator().manual_seed(0)
+    w, b = torch.randn(24, 16, generator=gen), torch.randn(24, generator=gen)
+    x = torch.randn(*lead, 16, generator=gen)
+    w, b, x = w.to(dtype), b.to(dtype), x.to(dtype)
+    want = (x.double() @ w.double().T + b.double()).to(dtype)
+    tol = {torch.float32: 1e-5, torch.float64: 1e-12}.get(dtype, 2e-2)
+    for bias in (b, None):
+        got = linear(x, w, bias)
+        assert got.dtype == dtype and got.shape == (*lead, 24)
+        ref = want if bias is not None else (x.double() @ w.double().T).to(dtype)
+        torch.testing.assert_close(got, ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_linear_never_runs_one_row_or_more_than_half_rows(dtype, monkeypatch):
+    """The rule behind the test above it, seen directly: on a CPU where oneDNN's one-row and
+    many-row kernels happen to round alike, the bits alone cannot show it is kept."""
+    rows, real = [], torch.nn.functional.linear
+
+    def spy(x, weight, bias=None):
+        rows.append(x.shape[0])
+        return real(x, weight, bias)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", spy)
+    w = torch.ones(8, 4, dtype=dtype)
+    for n, calls in ((1, [2]), (2, [2]), (32, [32]), (33, [32, 2]), (70, [32, 32, 6])):
+        rows.clear()
+        linear(torch.ones(n, 4, dtype=dtype), w)
+        assert rows == calls, n
+
+
+def test_linear_keeps_the_gradient_when_one_is_wanted():
+    """oneDNN's float32 op has no backward: with a weight that wants a gradient, F.linear runs."""
+    w = torch.randn(6, 4, requires_grad=True)
+    x = torch.randn(3, 4)
+    linear(x, w).sum().backward()
+    torch.testing.assert_close(w.grad, x.sum(0).expand(6, 4))
+
+
 # ----- the parts a forward pass does not show: config reading, loading, fusing, packing -----
 
 BASE = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
@@ -165,17 +210,58 @@ def test_llama3_rope_frequencies_are_transformers(lo, hi):
     torch.testing.assert_close(ours, want.float(), rtol=1e-6, atol=0)
 
 
+def test_llama3_rope_at_the_band_edges_is_transformers():
+    """Factors chosen so that two wavelengths fall exactly on the smoothed band's edges: the edge
+    at old_len / low_freq_factor belongs to the band (where the smoothing meets inv / factor)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    fields = dict(BASE, hidden_size=256, rope_theta=5e5)
+    plain = rope_inv_freq(ModelConfig.from_hf(fields))
+    wavelen = 2 * math.pi / plain
+    scaling = dict(LLAMA3, low_freq_factor=64 / float(wavelen[10]), high_freq_factor=64 / float(wavelen[3]))
+    hf = transformers.LlamaConfig(**fields, rope_parameters={**scaling, "rope_theta": 5e5})
+    want, _ = ROPE_INIT_FUNCTIONS["llama3"](hf)
+    ours = rope_inv_freq(ModelConfig.from_hf(dict(fields, rope_scaling=scaling)))
+    assert ours[10] == plain[10] / 8 and ours[3] == plain[3]  # the edges: inv / factor, inv
+    torch.testing.assert_close(ours, want.float(), rtol=1e-6, atol=0)
+
+
 def test_llama3_rope_factors_left_out_are_llama_3_1s():
     omitted = {k: v for k, v in LLAMA3.items() if not k.endswith("_freq_factor")}
     cfgs = [ModelConfig.from_hf(dict(BASE, rope_scaling=sc)) for sc in (omitted, LLAMA3)]
     assert torch.equal(rope_inv_freq(cfgs[0]), rope_inv_freq(cfgs[1]))
 
 
-def test_rms_norm_divides_by_the_root_mean_square_plus_its_eps():
-    x = torch.tensor([[1.0, 2.0, 3.0, 4.0]], dtype=torch.float64)
-    norm = RMSNorm(4, eps=0.5).double()
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_rms_norm_divides_by_the_root_mean_square_plus_its_eps(dtype):
+    """Over the last dimension only (Qwen3's q/k norms get (T, heads, head_dim)), in either path:
+    float32 and wider in one fused op, the half types through float32 and back."""
+    x = torch.tensor([[[1.0, 2.0, 3.0, 4.0], [0.5, 0.0, -1.0, 2.0]]], dtype=torch.float64)  # (1, 2, 4)
+    norm = RMSNorm(4, eps=0.5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.tensor([1.0, 2.0, 0.5, -1.0]))
+    norm = norm.to(dtype)
     assert norm.eps == 0.5
-    assert torch.allclose(norm(x), x / torch.sqrt((x * x).mean() + 0.5), rtol=1e-12, atol=0)
+    want = x / torch.sqrt((x * x).mean(-1, keepdim=True) + 0.5) * norm.weight.double()
+    got = norm(x.to(dtype))
+    tol = 1e-12 if dtype == torch.float64 else 1e-5 if dtype == torch.float32 else 1e-2
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype, want", [(torch.float64, torch.float64), (torch.float32, torch.float32),
+                                         (torch.bfloat16, torch.float64), (torch.float16, torch.float64)])
+def test_attention_scores_are_float32_at_least_and_float64_for_the_half_types(dtype, want):
+    assert mini_llm.score_dtype(dtype) == want
+
+
+def test_the_contiguous_cache_length_is_the_tokens_it_holds():
+    cache = mini_llm.ContiguousKVCache()
+    assert len(cache) == 0
+    kv = torch.zeros(3, 2, 4)
+    cache.attend(0, kv[:, :1].repeat(1, 2, 1), kv, kv)  # one layer: the length is layer 0's
+    assert len(cache) == 3
+    cache.attend(0, kv[:1].repeat(1, 2, 1), kv[:1], kv[:1])
+    assert len(cache) == 4
 
 
 SMALL = dict(vocab_size=16, hidden_size=8, intermediate_size=12, num_hidden_layers=2, num_attention_heads=2,
@@ -194,10 +280,12 @@ def test_every_norm_has_the_configs_eps():
     assert len(norms) == 2 * 4 + 1 and set(norms.values()) == {0.25}, norms
 
 
-@pytest.mark.parametrize("bias", [False, True])
-def test_fuse_stacks_the_weights_in_buffers_and_keeps_each_weight_a_view(bias):
+@pytest.mark.parametrize("bias, qk_norm", [(False, False), (True, False), (False, True)])
+def test_fuse_stacks_the_weights_in_buffers_and_keeps_each_weight_a_view(bias, qk_norm):
+    """The unfused model is the reference here: the fused one, which is what from_pretrained
+    gives, is checked against transformers above."""
     torch.manual_seed(0)
-    model = Transformer(small_config(attention_bias=bias)).double().eval().requires_grad_(False)
+    model = Transformer(small_config(attention_bias=bias, qk_norm=qk_norm)).double().eval().requires_grad_(False)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     ids = torch.tensor([3, 1, 4, 1, 5])
     plain = model.compute_logits(model(ids, torch.arange(5)))
@@ -269,7 +357,7 @@ def test_linear_sites_are_every_matmul_of_a_forward_pass():
 
 
 @pytest.mark.parametrize("fused", [False, True])
-def test_prepack_packs_every_site_keeps_the_tokens_and_unpack_drops_them(fused):
+def test_prepack_packs_every_site_keeps_the_tokens_and_unpack_drops_them(fused, monkeypatch):
     model = tiny_model(seed=1, dtype=torch.float32)
     if fused:
         model.fuse()
@@ -280,7 +368,20 @@ def test_prepack_packs_every_site_keeps_the_tokens_and_unpack_drops_them(fused):
     for owner, attr, weight in model.linear_sites():
         packed = getattr(owner, attr)
         assert isinstance(packed, PackedWeight) and packed.matches(weight)
+    calls, real = [], mini_llm.linear
+
+    def spy(x, weight, bias=None, packed=None):
+        calls.append((weight, packed))
+        return real(x, weight, bias, packed)
+
+    monkeypatch.setattr(mini_llm, "linear", spy)
     assert generate(model, ids, 12) == plain
+    # each matmul ran as the sites say (fused q/k/v and gate/up where fused), on its packed weight
+    sites = [w for _, _, w in model.linear_sites()]
+    first = [w for w, _ in calls[:len(sites)]]  # the prompt's forward pass, in order
+    assert len(first) == len(sites) and all(a is b for a, b in zip(first, sites))
+    assert all(isinstance(p, PackedWeight) and p.matches(w) for w, p in calls)
+    monkeypatch.undo()
     assert model.unpack() is model and not model.prepacked
     assert all(getattr(owner, attr) is None for owner, attr, _ in model.linear_sites())
     assert generate(model, ids, 12) == plain
