@@ -205,7 +205,7 @@ def test_llama3_rope_frequencies_are_transformers(lo, hi):
     hf = transformers.LlamaConfig(**fields, rope_parameters={**scaling, "rope_theta": 5e5})
     want, _ = ROPE_INIT_FUNCTIONS["llama3"](hf)
     ours = rope_inv_freq(ModelConfig.from_hf(dict(fields, rope_scaling=scaling)))
-    wavelen = 2 * torch.pi / ours
+    wavelen = 2 * math.pi / rope_inv_freq(ModelConfig.from_hf(fields))  # before the rescaling
     assert ((wavelen > 64 / hi) & (wavelen < 64 / lo)).any()  # some frequencies are in the smoothed band
     torch.testing.assert_close(ours, want.float(), rtol=1e-6, atol=0)
 
