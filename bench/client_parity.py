@@ -25,9 +25,9 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from nano_engine.launcher import ServerProcess  # noqa: E402
-from nano_engine.loading import cache_dir, embedded_model_path, load_checkpoint, load_tokenizer  # noqa: E402
-from nano_engine.serve_cli import EMBEDDED_NAME  # noqa: E402  the name both servers serve the embedded model under
+from nano_engine.serving.launcher import ServerProcess  # noqa: E402
+from nano_engine.models.loading import cache_dir, embedded_model_path, load_checkpoint, load_tokenizer  # noqa: E402
+from nano_engine.cli.serve import EMBEDDED_NAME  # noqa: E402  the name both servers serve the embedded model under
 
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 SHIM = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "

@@ -40,10 +40,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from nano_engine.engine import EngineConfig  # noqa: E402
-from nano_engine.launcher import ServerProcess  # noqa: E402
-from nano_engine.loading import cache_dir, embedded_model_path, load_checkpoint, load_tokenizer  # noqa: E402
-from nano_engine.serve_cli import EMBEDDED_NAME  # noqa: E402
-from nano_engine.vllm_bridge import vllm_command  # noqa: E402
+from nano_engine.serving.launcher import ServerProcess  # noqa: E402
+from nano_engine.models.loading import cache_dir, embedded_model_path, load_checkpoint, load_tokenizer  # noqa: E402
+from nano_engine.cli.serve import EMBEDDED_NAME  # noqa: E402
+from nano_engine.lab.vllm_bridge import vllm_command  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from client_parity import VLLM_PY, client_command  # noqa: E402

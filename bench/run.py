@@ -348,7 +348,7 @@ def main(argv=None) -> int:
                          "as vLLM does on CPU; its reference is generate on the same packed weights")
     ap.add_argument("--attention-backend", choices=["torch", "c"], default="torch",
                     help="nano_engine's attention: the chapters' PyTorch code, or c, the kernel that reads "
-                         "the paged blocks in place (nano_engine/kernels.py)")
+                         "the paged blocks in place (nano_engine/kernels/paged_decode.py)")
     ap.add_argument("--json", type=Path, help="write all figures to this file")
     args = ap.parse_args(argv)
     if args.threads:

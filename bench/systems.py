@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from nano_engine import LLMEngine, SamplingParams, Transformer
-from nano_engine.loading import cache_dir, embedded_model_path, load_checkpoint
+from nano_engine.models.loading import cache_dir, embedded_model_path, load_checkpoint
 
 from workloads import Req, Workload
 
@@ -354,9 +354,10 @@ def vllm_engine_args() -> dict:
     fcfs, the classic admission rule. Left out: our block size (vLLM on CPU prefers its own, 128)
     and our block count (vLLM on CPU sizes its KV cache from VLLM_CPU_KVCACHE_SPACE)."""
     from nano_engine.engine import EngineConfig
+    from nano_engine.lab.vllm_bridge import to_vllm
 
-    args = EngineConfig(max_num_batched_tokens=BUDGET, max_num_seqs=MAX_SEQS).to_vllm(
-        max_model_len=VLLM_MAX_MODEL_LEN)
+    args = to_vllm(EngineConfig(max_num_batched_tokens=BUDGET, max_num_seqs=MAX_SEQS),
+                   max_model_len=VLLM_MAX_MODEL_LEN)
     del args["block_size"], args["num_gpu_blocks_override"]
     return args
 
@@ -364,7 +365,7 @@ def vllm_engine_args() -> dict:
 def vllm_model_folder() -> Path:
     """The Hugging Face folder nano_engine dequantizes the embedded GGUF into (the same weights as
     nano_engine and transformers; tokenizer files included, which vLLM loads)."""
-    from nano_engine.vllm_bridge import _hf_folder
+    from nano_engine.lab.vllm_bridge import _hf_folder
 
     return _hf_folder(embedded_model_path())
 

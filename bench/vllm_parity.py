@@ -45,11 +45,11 @@ MAX_MODEL_LEN = 2048  # with chunked prefill; without it vLLM needs max_model_le
 # ----- vLLM -----
 def model_folder() -> str:
     """The Hugging Face folder nano_engine writes for the embedded model (only its config.json is read)."""
-    from nano_engine.model_files import ModelNotFoundError
+    from nano_engine.models.files import ModelNotFoundError
 
     try:
-        from nano_engine.loading import embedded_model_path
-        from nano_engine.vllm_bridge import _hf_folder
+        from nano_engine.models.loading import embedded_model_path
+        from nano_engine.lab.vllm_bridge import _hf_folder
 
         return str(_hf_folder(embedded_model_path()))
     except (ModelNotFoundError, ModuleNotFoundError) as e:
@@ -59,8 +59,8 @@ def model_folder() -> str:
             raise
         import subprocess
 
-        code = ("from nano_engine.loading import embedded_model_path as e; "
-                "from nano_engine.vllm_bridge import _hf_folder; print(_hf_folder(e()))")
+        code = ("from nano_engine.models.loading import embedded_model_path as e; "
+                "from nano_engine.lab.vllm_bridge import _hf_folder; print(_hf_folder(e()))")
         out = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-c", code], capture_output=True,
                              text=True, cwd=ROOT, check=True)
         return out.stdout.strip().splitlines()[-1]

@@ -18,7 +18,7 @@ Decodes are grouped by context length so that padding stays small: a 20-token co
 padded to 500 because it shares a step with a long one.
 
 With `backend="c"` the decodes of a step are not grouped or padded at all: one call of the
-compiled kernel (kernels.py) reads every decode's context from the blocks where it lies, through
+compiled kernel (kernels/paged_decode.py) reads every decode's context from the blocks where it lies, through
 int32 block tables. Prefill chunks run as above either way.
 
 Mirrors vLLM V1's attention metadata builders, which split a batch into decodes and prefills
@@ -33,7 +33,7 @@ from typing import Sequence
 
 import torch
 
-from . import kernels
+from .kernels import paged_decode as kernels
 from .mini_llm import attention, score_dtype
 from .paged import slots_of
 

@@ -38,7 +38,7 @@ class EngineConfig(SchedulerConfig):
     block_size: int = 16
     enable_prefix_caching: bool = True
     step_log_size: int = 10_000  # records kept in LLMEngine.step_log, the most recent ones; 0 = none
-    attention_backend: str = "torch"  # "c": decodes read the paged blocks in place (kernels.py)
+    attention_backend: str = "torch"  # "c": decodes read the paged blocks in place (kernels/paged_decode.py)
 
     def __post_init__(self):
         super().__post_init__()
@@ -48,12 +48,6 @@ class EngineConfig(SchedulerConfig):
         # A deque's maxlen is a C ssize_t: refuse more here rather than deep inside LLMEngine.
         self.step_log_size = checks.integer("step_log_size", self.step_log_size, minimum=0, maximum=sys.maxsize)
         self.attention_backend = checks.choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
-
-    def to_vllm(self, dtype: str | None = None, max_model_len: int | None = None) -> dict:
-        """vLLM's EngineArgs names and values for these settings (vllm_bridge.py)."""
-        from .vllm_bridge import to_vllm
-
-        return to_vllm(self, dtype, max_model_len)
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(**{f.name: getattr(self, f.name) for f in fields(SchedulerConfig)})
@@ -104,7 +98,7 @@ class LLMEngine:
     @classmethod
     def from_pretrained(cls, path=None, dtype=None, **kwargs) -> "LLMEngine":
         """The embedded model (or `path`, or $NANO_ENGINE_MODEL) with its tokenizer."""
-        from .loading import load_tokenizer
+        from .models.loading import load_tokenizer
 
         model = Transformer.from_pretrained(path, dtype=dtype or torch.float32)
         return cls(model, load_tokenizer(path), **kwargs)

@@ -26,70 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import checks
+from .kernels.linear import ONEDNN_FP32, PackedWeight, linear
 
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def _has_onednn_linear() -> bool:
-    try:
-        x, w = torch.ones(2, 3), torch.ones(4, 3)
-        return torch.equal(torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""), F.linear(x, w))
-    except (AttributeError, RuntimeError):
-        return False
-
-
-ONEDNN_FP32 = torch.backends.mkldnn.is_available() and _has_onednn_linear()
-
-
-HALF_ROWS = 32  # the most rows oneDNN's bfloat16 / float16 matmul takes in one call here (see linear)
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           packed: "PackedWeight | None" = None) -> torch.Tensor:
-    """x @ weight.T + bias, on the fastest kernel that gives every row what it would get alone.
-
-    * float32 goes to oneDNN when no gradient is wanted: PyTorch gives float32 products to MKL's
-      sgemm, which takes an AVX2 code path on AMD CPUs; oneDNN (PyTorch's own bfloat16 path) uses
-      AVX-512 and is 1.5-1.9x faster from 2 rows up on this project's machine. It has no backward.
-      With `packed` (Transformer.prepack), oneDNN reads the weight in its own blocked layout,
-      reordered once at load time, as vLLM's CPU backend does: faster still, and on CPUs where the
-      plain call's one-row kernel rounds differently, the packed kernel does not.
-    * bfloat16 and float16: oneDNN computes a single row with another kernel than two or more
-      rows, and for some shapes (576 x 1536 here) the two round differently. A batched step must
-      give each request the bits that request would get alone, so one row goes in as two.
-      On CPUs with AMX (Intel Sapphire Rapids and later), oneDNN takes an AMX kernel from 33 rows
-      up, which rounds differently again: more rows go in as chunks of HALF_ROWS.
-      tests/test_mini_llm.py checks the invariance this relies on.
-    """
-    if x.dim() == 2 and not (torch.is_grad_enabled() and weight.requires_grad):
-        if x.dtype == torch.float32 and ONEDNN_FP32:
-            if packed is not None and packed.matches(weight):
-                weight = packed.tensor
-            return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-        if x.dtype in (torch.bfloat16, torch.float16):
-            if x.shape[0] == 1:
-                return F.linear(x.expand(2, -1), weight, bias)[:1]
-            if x.shape[0] > HALF_ROWS:
-                return torch.cat([linear(part, weight, bias) for part in x.split(HALF_ROWS)])
-    return F.linear(x, weight, bias)
-
-
-class PackedWeight:
-    """A float32 weight reordered once into oneDNN's blocked layout (vLLM's CPU backend does the
-    same at load time: `dispatch_cpu_unquantized_gemm` in vllm/model_executor/layers/utils.py).
-    `linear` uses it only while the weight it was made from is unchanged: the same storage, dtype
-    and version counter (an in-place edit or `.to()` makes it stale, and the plain path runs)."""
-
-    def __init__(self, weight: torch.Tensor):
-        self.tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)  # None: any row count
-        self._key = self._key_of(weight)
-
-    @staticmethod
-    def _key_of(weight: torch.Tensor):
-        return weight.data_ptr(), weight.dtype, tuple(weight.shape), weight._version
-
-    def matches(self, weight: torch.Tensor) -> bool:
-        return self._key == self._key_of(weight)
 
 
 class Linear(nn.Linear):
@@ -328,7 +267,7 @@ class Transformer(nn.Module):
         """Load a Hugging Face folder or a GGUF file; None means $NANO_ENGINE_MODEL or the embedded
         model. `dtype`: torch.float32 / bfloat16 / float16 / float64, or a name ("bf16", ...).
         `prepack`: reorder the float32 matmul weights for oneDNN once (see `prepack`)."""
-        from .loading import ModelLoadError, load_checkpoint, resolve_dtype, resolve_model_path
+        from .models.loading import check_weights, load_checkpoint, resolve_dtype, resolve_model_path
 
         dtype = resolve_dtype(dtype)  # before the load: a wrong dtype must not cost seconds
         if checks.flag("prepack", prepack) and dtype != torch.float32:
@@ -338,20 +277,9 @@ class Transformer(nn.Module):
         cfg = ModelConfig.from_hf(hf_config)
         with torch.device("meta"):
             model = cls(cfg)
-        # The config and the weights come from different files: say which side disagrees (a tied
-        # model's lm_head.weight is the embedding: load_checkpoint leaves it out of `state`).
-        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()
-                    if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
-        missing = sorted(expected.keys() - state.keys())
-        unexpected = sorted(state.keys() - expected.keys())
-        wrong = [f"{k} is {tuple(state[k].shape)}, the config says {expected[k]}"
-                 for k in sorted(expected.keys() & state.keys()) if tuple(state[k].shape) != expected[k]]
-        if missing or unexpected or wrong:
-            problems = [f"{what}{', '.join(names[:2])}{', ...' if len(names) > 2 else ''}"
-                        for what, names in (("missing ", missing), ("unexpected ", unexpected),
-                                            ("", wrong)) if names]
-            config = "config.json" if path.is_dir() else "the GGUF metadata"
-            raise ModelLoadError(f"{path}: the weights do not match {config}: {'; '.join(problems)}")
+        # A tied model's lm_head.weight is the embedding: load_checkpoint leaves it out of `state`.
+        check_weights(path, {k: tuple(v.shape) for k, v in model.state_dict().items()
+                             if not (cfg.tie_word_embeddings and k == "lm_head.weight")}, state)
         model.load_state_dict(state, strict=False, assign=True)
         if cfg.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight

@@ -20,7 +20,8 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from . import checks, kernels
+from . import checks
+from .kernels import paged_decode as kernels
 from .attention import AttentionPlan, GatherBuffers, paged_attention, plan_attention
 from .mini_llm import Transformer
 from .paged import PagedKVCache, slots_of  # noqa: F401 (slots_of: part of this module's API)
@@ -97,7 +98,7 @@ class ModelRunner:
 
     def __init__(self, model: Transformer, num_blocks: int, block_size: int, attention_backend: str = "torch"):
         """attention_backend: "torch" (attention.py's tensor ops, as the chapters build them) or
-        "c" (decodes read the blocks in place, kernels.py; built here, so a missing compiler
+        "c" (decodes read the blocks in place, kernels/paged_decode.py; built here, so a missing compiler
         fails now)."""
         cfg = model.config
         self.model = model

@@ -90,14 +90,6 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __new__(cls, config: SchedulerConfig | None = None, *args, **kwargs):
-        """`Scheduler(config, ...)` with another policy builds that policy's class (policies.py)."""
-        if cls is Scheduler and config is not None and config.policy != "fcfs":
-            from .policies import scheduler_class
-
-            cls = scheduler_class(config.policy)
-        return super().__new__(cls)
-
     def __init__(self, config: SchedulerConfig, block_pool: BlockPool, block_size: int):
         self.config = config
         self.pool = block_pool

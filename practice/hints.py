@@ -11,10 +11,7 @@ sorted decides the same).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .scenarios import Scenario, Step
+from .scenario_types import Scenario, Step
 
 STATE_FIELDS = ("status", "num_computed", "blocks held", "num_preemptions", "recompute_until")
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from nano_engine import LLMEngine, SamplingParams
-from nano_engine.async_engine import AsyncLLM, EngineDeadError
+from nano_engine.serving.async_llm import AsyncLLM, EngineDeadError
 
 PROMPTS = [list(range(1 + i, 6 + 3 * i)) for i in range(8)]
 
@@ -145,7 +145,7 @@ def test_a_failing_step_ends_its_requests_with_error_and_the_engine_serves_on(ti
 
     monkeypatch.setattr(llm.engine.runner, "forward", flaky)
     sp = SamplingParams(max_tokens=5, ignore_eos=True)
-    with caplog.at_level(logging.ERROR, logger="nano_engine.async_engine"):
+    with caplog.at_level(logging.ERROR, logger="nano_engine.serving.async_llm"):
         first = run(collect(llm, [1, 2, 3], sp))
     assert first[-1].finished and first[-1].finish_reason == "error"
     assert [(r.getMessage(), r.exc_info[1].args) for r in caplog.records] == [("engine step 1 failed",
@@ -379,7 +379,7 @@ def test_a_bug_in_the_engine_thread_marks_it_dead_and_tells_every_caller(make, m
             return got, e
         return got, None
 
-    with caplog.at_level(logging.ERROR, logger="nano_engine.async_engine"):
+    with caplog.at_level(logging.ERROR, logger="nano_engine.serving.async_llm"):
         got, error = asyncio.run(asyncio.wait_for(main(), 20))
     llm._thread.join(10)
     assert not llm._thread.is_alive() and isinstance(llm.dead, Bug) and str(llm.dead) == "bug in publish"
@@ -439,7 +439,7 @@ def test_a_failing_on_output_is_logged_and_the_stream_goes_on(make, caplog):
         raise Bug("metrics are broken")
 
     llm.on_output = on_output
-    with caplog.at_level(logging.ERROR, logger="nano_engine.async_engine"):
+    with caplog.at_level(logging.ERROR, logger="nano_engine.serving.async_llm"):
         outs = run(collect(llm, [1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True)))
     assert sum(len(o.new_token_ids) for o in outs) == 3 and outs[-1].finished
     logged = {(r.getMessage(), str(r.exc_info[1])) for r in caplog.records}

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from nano_engine.benchmark_metrics import (
+from nano_engine.benchmarks.metrics import (
     BenchmarkMetrics, RequestRecord, calculate_metrics, format_metrics, parse_goodput,
 )
 from helpers import whole

@@ -11,8 +11,9 @@ import sys
 import pytest
 import torch
 
-from nano_engine import Transformer, loading
-from nano_engine.__main__ import main
+from nano_engine import Transformer
+from nano_engine.models import loading
+from nano_engine.cli.main import main
 from tiny_files import save_hf_folder, write_gguf
 
 PREFIX = "python -m nano_engine: error: "
@@ -299,7 +300,7 @@ def test_exit_codes_of_the_real_process(tmp_path):
 
 # ----- __main__'s own parts: flags, the fit check, what run() prints, the subcommands -----
 def test_flags_and_their_defaults():
-    from nano_engine.__main__ import build_parser
+    from nano_engine.cli.main import build_parser
 
     assert vars(build_parser().parse_args([])) == {
         "model": None, "prompt": None, "max_tokens": 24, "dtype": "float32", "block_size": 16, "max_num_seqs": 16,
@@ -321,7 +322,7 @@ def test_help_says_what_it_runs(capsys):
                    "greedy tokens per prompt (default 24)", "torch threads (default: torch's choice)",
                    "print the traceback of a failure"]:
         assert f" {phrase} " in f" {text} ", phrase  # whole: nothing glued to either end
-    from nano_engine import __main__ as entry
+    from nano_engine.cli import main as entry
 
     assert entry.__doc__.strip() in entry.build_parser().format_help()  # the description as written, line by line
 
@@ -347,7 +348,7 @@ class _Parser:
 def test_check_fits_uses_the_smallest_pool(lengths, max_tokens, block_size, message):
     from types import SimpleNamespace
 
-    from nano_engine.__main__ import _check_fits
+    from nano_engine.cli.main import _check_fits
 
     args = SimpleNamespace(max_tokens=max_tokens, block_size=block_size)
     configs = {"defaults": {}, "small": {"num_blocks": 10}, "big": {"num_blocks": 99}}
@@ -392,7 +393,7 @@ def test_run_prints_the_table_the_trace_and_the_first_answer(capsys, good, monke
 def test_run_loads_in_its_dtype_and_prints_the_trace_and_an_answer_without_special_tokens(capsys, good, monkeypatch):
     import time
 
-    from nano_engine import experiments
+    from nano_engine.lab import experiments
 
     real = experiments.identity_check
     got = {}
@@ -420,7 +421,7 @@ def test_run_loads_in_its_dtype_and_prints_the_trace_and_an_answer_without_speci
 
 
 def test_the_longest_prompt_may_fill_the_models_context_exactly(capsys, good, monkeypatch):
-    from nano_engine import experiments
+    from nano_engine.lab import experiments
 
     def stop(*args, **kwargs):
         raise RuntimeError("past the check")
@@ -437,7 +438,7 @@ def test_the_longest_prompt_may_fill_the_models_context_exactly(capsys, good, mo
 
 
 def test_run_fails_with_the_configs_that_differ(capsys, good, monkeypatch):
-    from nano_engine import experiments
+    from nano_engine.lab import experiments
 
     real = experiments.identity_check
     seen = {}
@@ -459,7 +460,7 @@ def test_run_fails_with_the_configs_that_differ(capsys, good, monkeypatch):
 
 
 def test_the_default_prompts_are_the_chapters(capsys, good, monkeypatch):
-    from nano_engine import experiments
+    from nano_engine.lab import experiments
 
     asked = []
 
@@ -473,12 +474,12 @@ def test_the_default_prompts_are_the_chapters(capsys, good, monkeypatch):
     assert err == [f"{PREFIX}RuntimeError: stop here (--debug shows the traceback)"]
 
 
-@pytest.mark.parametrize("name, module", [("serve", "serve_cli"), ("bench-serve", "loadgen"),
-                                          ("vllm-args", "vllm_bridge")])
+@pytest.mark.parametrize("name, module", [("serve", "cli.serve"), ("bench-serve", "cli.bench_serve"),
+                                          ("vllm-args", "cli.vllm_args")])
 def test_subcommands_hand_the_rest_of_the_line_to_their_module(monkeypatch, name, module):
     import importlib
 
-    from nano_engine import __main__ as entry
+    from nano_engine.cli import main as entry
 
     mod = importlib.import_module(f"nano_engine.{module}")
     got = []
@@ -486,7 +487,6 @@ def test_subcommands_hand_the_rest_of_the_line_to_their_module(monkeypatch, name
     assert entry.main([name, "--x", "1"]) == 7 and got == [["--x", "1"]]
     monkeypatch.setattr(entry.sys, "argv", ["nano_engine", name, "--y"])
     assert entry.main() == 7 and got[-1] == ["--y"]
-    assert entry.SUBCOMMANDS == {"serve": "serve_cli", "bench-serve": "loadgen", "vllm-args": "vllm_bridge"}
 
 
 def test_interrupted_is_exit_130(capsys, good, monkeypatch):
@@ -509,7 +509,7 @@ def test_an_error_without_a_message_still_says_something(capsys, good, monkeypat
 def test_guarded_passes_an_int_exit_code_through_and_maps_any_other_to_2():
     import sys as _sys
 
-    from nano_engine.__main__ import build_parser, guarded
+    from nano_engine.cli.main import build_parser, guarded
 
     assert guarded(build_parser(), [], lambda ap, args: _sys.exit(3)) == 3
     assert guarded(build_parser(), [], lambda ap, args: _sys.exit("bye")) == 2
@@ -517,7 +517,7 @@ def test_guarded_passes_an_int_exit_code_through_and_maps_any_other_to_2():
 
 
 def test_guarded_reports_a_failure_inside_argparse_in_one_line(capsys):
-    from nano_engine.__main__ import build_parser, guarded
+    from nano_engine.cli.main import build_parser, guarded
 
     def never(ap, args):
         raise AssertionError("run after a failed parse")

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import nano_engine.detokenizer as detokenizer
 from nano_engine.detokenizer import IncrementalDetokenizer, check_stop, find_stop
-from nano_engine.loading import load_tokenizer
+from nano_engine.models.loading import load_tokenizer
 
 TEXTS = [
     "Hello, world! The quick brown fox jumps over the lazy dog.",

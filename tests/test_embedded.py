@@ -6,8 +6,8 @@ import torch
 import transformers
 
 from nano_engine import Transformer
-from nano_engine.experiments import CHAT_PROMPTS, identity_check
-from nano_engine.loading import chat_prompt_ids, embedded_model_path, load_tokenizer
+from nano_engine.lab.experiments import CHAT_PROMPTS, identity_check
+from nano_engine.models.loading import chat_prompt_ids, embedded_model_path, load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_identity_check_in_bfloat16(prompts):
 
 
 def test_the_embedded_model_gives_the_same_tokens_with_the_attention_kernel(prompts):
-    """attention_backend="c" (nano_engine/kernels.py) against generate, in both dtypes."""
+    """attention_backend="c" (nano_engine/kernels/paged_decode.py) against generate, in both dtypes."""
     for dtype in (torch.bfloat16, torch.float32):
         model = Transformer.from_pretrained(dtype=dtype)
         result = identity_check(model, prompts, max_tokens=16, attention_backend="c")

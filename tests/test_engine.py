@@ -314,7 +314,7 @@ def test_reset_prefix_cache_starts_a_clean_pool_of_the_same_kind(tiny, caching):
 def test_from_pretrained_loads_the_model_and_its_tokenizer(tiny, monkeypatch):
     calls = []
     monkeypatch.setattr(Transformer, "from_pretrained", lambda path, dtype: calls.append((path, dtype)) or tiny)
-    monkeypatch.setattr("nano_engine.loading.load_tokenizer", lambda path: calls.append(("tokenizer", path)) or "TOK")
+    monkeypatch.setattr("nano_engine.models.loading.load_tokenizer", lambda path: calls.append(("tokenizer", path)) or "TOK")
     engine = LLMEngine.from_pretrained("some/folder", max_num_seqs=3)
     assert calls == [("some/folder", torch.float32), ("tokenizer", "some/folder")]
     assert engine.model is tiny and engine.tokenizer == "TOK" and engine.config.max_num_seqs == 3

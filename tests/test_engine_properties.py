@@ -229,7 +229,7 @@ MODEL_BF16 = tiny_model(seed=1, dtype=torch.bfloat16)
 @settings(max_examples=200 if LONG else 30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_the_c_attention_backend_takes_the_torch_backends_tokens(scenario):
-    """In bfloat16 the kernel (kernels.py) gives attention's very bits, so under any scheduling
+    """In bfloat16 the kernel (kernels/paged_decode.py) gives attention's very bits, so under any scheduling
     (preemption, chunks, prefix hits, every policy) and with seeded sampling the tokens are the same."""
     _, reqs, cfg = scenario
     prompts, params = [list(p) for p, *_ in reqs], [sp for _, sp, *_ in reqs]

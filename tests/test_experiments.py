@@ -4,7 +4,7 @@ model (the embedded model's runs are in test_embedded.py; these reach the code i
 import pytest
 
 from nano_engine import LLMEngine, SamplingParams
-from nano_engine.experiments import (IDENTITY_CONFIGS, IdentityResult, IdentityRow, format_trace,
+from nano_engine.lab.experiments import (IDENTITY_CONFIGS, IdentityResult, IdentityRow, format_trace,
                                      identity_check, reference_outputs, run_arrivals, trace_rows)
 from nano_engine.mini_llm import generate
 from nano_engine.steplog import StepRecord

@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from nano_engine import kernels
+from nano_engine.kernels import paged_decode as kernels
 from nano_engine.attention import GatherBuffers, decode_attention, paged_attention, plan_attention
 from nano_engine.engine import EngineConfig, LLMEngine
 from nano_engine.mini_llm import attention, generate

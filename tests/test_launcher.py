@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from nano_engine import launcher
-from nano_engine.launcher import ServerProcess
+from nano_engine.serving import launcher
+from nano_engine.serving.launcher import ServerProcess
 
 FAKE_SERVE = textwrap.dedent('''
     import ctypes, http.server, json, os, signal, sys, threading

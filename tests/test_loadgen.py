@@ -17,10 +17,11 @@ import threading
 import numpy as np
 import pytest
 
-from nano_engine import loadgen, loadgen_datasets
-from nano_engine.loadgen import arrival_times, run_benchmark, sample_intervals
-from nano_engine.loadgen_datasets import SampleRequest, get_samples
-from nano_engine.loadgen_report import plot_sweep, sweep, sweep_table
+from nano_engine.benchmarks import serve as loadgen
+from nano_engine.benchmarks import datasets as loadgen_datasets
+from nano_engine.benchmarks.serve import arrival_times, run_benchmark, sample_intervals
+from nano_engine.benchmarks.datasets import SampleRequest, get_samples
+from nano_engine.benchmarks.sweep import plot_sweep, sweep, sweep_table
 from tiny_files import save_tokenizer
 
 PREFIX = "python -m nano_engine bench-serve: error: "
@@ -340,7 +341,7 @@ def test_bad_library_arguments_raise_early():
             asyncio.run(run_benchmark(reqs(1), "http://127.0.0.1:9", **kw))
     with pytest.raises(TypeError) as e:
         asyncio.run(run_benchmark([[1, 2]], "http://127.0.0.1:9"))
-    assert str(e.value) == "requests must hold SampleRequest objects (see loadgen_datasets.get_samples)"
+    assert str(e.value) == "requests must hold SampleRequest objects (see benchmarks.datasets.get_samples)"
     with pytest.raises(ValueError, match="non-empty list"):
         asyncio.run(run_benchmark([], "http://127.0.0.1:9"))
 
@@ -414,7 +415,7 @@ def test_sweep_runs_one_benchmark_per_rate_with_the_same_arguments(monkeypatch):
 
 
 def test_parse_rates_names_the_bad_part():
-    from nano_engine.loadgen_report import parse_rates
+    from nano_engine.benchmarks.sweep import parse_rates
 
     assert parse_rates("1, 2.5,inf") == [1.0, 2.5, math.inf]
     for text, message in [("1, fast", "'fast' is not a number of requests/s (or inf)"),
@@ -655,7 +656,7 @@ def test_bad_argument_exits_2_with_one_line_before_anything_loads(capsys, monkey
     def no_load(*a, **k):
         raise AssertionError("the tokenizer was loaded before the arguments were checked")
 
-    monkeypatch.setattr("nano_engine.loading.load_tokenizer", no_load)
+    monkeypatch.setattr("nano_engine.models.loading.load_tokenizer", no_load)
     code, out, err = cli(capsys, *argv)
     assert code == 2 and out == ""
     assert err[0].startswith("usage: python -m nano_engine bench-serve") and err[-1] == PREFIX + message
@@ -699,7 +700,7 @@ def test_cli_every_request_failed_exits_1_with_the_first_error(capsys, fake):
 
 
 def test_cli_random_dataset_ignores_eos_as_vllm(capsys, fake, tmp_path, monkeypatch, tokenizer):
-    monkeypatch.setattr("nano_engine.loading.load_tokenizer", lambda path=None: tokenizer)
+    monkeypatch.setattr("nano_engine.models.loading.load_tokenizer", lambda path=None: tokenizer)
     with fake(usage_tokens=2) as s:
         code, out, err = cli(capsys, "--base-url", s.url, "--num-prompts", "3", "--random-input-len", "5",
                              "--random-output-len", "2", "--disable-tqdm")
@@ -710,7 +711,7 @@ def test_cli_random_dataset_ignores_eos_as_vllm(capsys, fake, tmp_path, monkeypa
 def test_cli_defaults_are_vllms_but_the_two_documented():
     """vLLM's defaults (vllm/benchmarks/serve.py and datasets/), except --num-prompts (vLLM 1000)
     and the percentiles (vLLM: ttft,tpot,itl at p99), as the module's docstring says."""
-    from nano_engine import loadgen_cli
+    from nano_engine.cli import bench_serve as loadgen_cli
 
     assert vars(loadgen_cli.build_parser().parse_args([])) == {
         "backend": "openai", "base_url": None, "host": "127.0.0.1", "port": 8000, "model": None, "tokenizer": None,
@@ -738,7 +739,7 @@ def test_cli_help_reads_as_recorded(capsys, monkeypatch):
 
 def spy_on_the_cli(monkeypatch, tokenizer):
     """Record what bench-serve hands to get_samples, load_tokenizer and measure (the real ones run)."""
-    from nano_engine import loadgen_cli
+    from nano_engine.cli import bench_serve as loadgen_cli
 
     calls = {"tokenizer": []}
     real_samples, real_measure = loadgen_cli.get_samples, loadgen_cli.measure
@@ -759,12 +760,12 @@ def spy_on_the_cli(monkeypatch, tokenizer):
 
     monkeypatch.setattr(loadgen_cli, "get_samples", samples)
     monkeypatch.setattr(loadgen_cli, "measure", measure)
-    monkeypatch.setattr("nano_engine.loading.load_tokenizer", load_tokenizer)
+    monkeypatch.setattr("nano_engine.models.loading.load_tokenizer", load_tokenizer)
     return calls
 
 
 def test_cli_hands_every_flag_to_the_dataset_and_the_benchmark(capsys, fake, monkeypatch, tokenizer, tmp_path):
-    from nano_engine.benchmark_metrics import format_metrics
+    from nano_engine.benchmarks.metrics import format_metrics
 
     calls = spy_on_the_cli(monkeypatch, tokenizer)
     monkeypatch.chdir(tmp_path)
@@ -804,7 +805,7 @@ def test_cli_hands_every_flag_to_the_dataset_and_the_benchmark(capsys, fake, mon
 
 def test_cli_reads_w2_from_its_path_without_a_tokenizer_and_names_files_by_default(capsys, fake, monkeypatch,
                                                                                     tokenizer, tmp_path):
-    from nano_engine import loadgen_cli
+    from nano_engine.cli import bench_serve as loadgen_cli
 
     calls = spy_on_the_cli(monkeypatch, tokenizer)
     monkeypatch.chdir(tmp_path)
@@ -862,7 +863,7 @@ def test_cli_random_dataset_gets_its_lengths_ratio_and_seed(capsys, fake, monkey
 
 
 def test_cli_value_parsers_take_their_edges():
-    from nano_engine import loadgen_cli
+    from nano_engine.cli import bench_serve as loadgen_cli
 
     args = loadgen_cli.build_parser().parse_args(["--metric-percentiles", "0, 100", "--base-url", "https://h:1/"])
     assert args.metric_percentiles == [0.0, 100.0] and args.base_url == "https://h:1"
@@ -1012,7 +1013,7 @@ def test_run_benchmark_defaults_to_the_local_server(monkeypatch):
 def test_measure_defaults_are_vllms():
     import inspect
 
-    from nano_engine.benchmark_metrics import METRIC_NAMES
+    from nano_engine.benchmarks.metrics import METRIC_NAMES
 
     defaults = {k: p.default for k, p in inspect.signature(loadgen.measure).parameters.items()
                 if p.default is not inspect.Parameter.empty}

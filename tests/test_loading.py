@@ -1,4 +1,4 @@
-"""Tests of nano_engine.loading: the embedded GGUF model, its cache, Hugging Face folders."""
+"""Tests of nano_engine.models.loading: the embedded GGUF model, its cache, Hugging Face folders."""
 
 import io
 import json
@@ -11,7 +11,9 @@ import pytest
 import torch
 import transformers
 
-from nano_engine import Transformer, gguf_loader, loading
+from nano_engine import Transformer
+from nano_engine.models import gguf as gguf_loader
+from nano_engine.models import loading
 from tiny_files import gguf_name, save_hf_folder, tiny_hf_model, write_gguf
 
 KV_CACHE_PROMPT_IDS = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519,
@@ -285,8 +287,8 @@ def test_gguf_without_tokenizer_says_so(tmp_path, monkeypatch):
 
 
 # ----- model_files on its own: each refusal's message whole, what a config is filled with -----
-from nano_engine import model_files  # noqa: E402
-from nano_engine.model_files import ModelLoadError, ModelNotFoundError  # noqa: E402
+from nano_engine.models import files as model_files  # noqa: E402
+from nano_engine.models.files import ModelLoadError, ModelNotFoundError  # noqa: E402
 
 BASE_CONFIG = {"model_type": "llama", "vocab_size": 32, "hidden_size": 64, "intermediate_size": 128,
                "num_hidden_layers": 2, "num_attention_heads": 4}

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from nano_engine.measure import Spread, StepCost, interleave, timed
+from nano_engine.lab.measure import Spread, StepCost, interleave, timed
 
 
 def test_interleave_rotates_the_order_and_repeats_each_run():

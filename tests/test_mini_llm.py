@@ -9,7 +9,7 @@ import transformers
 from torch import nn
 
 from nano_engine import mini_llm
-from nano_engine.loading import ModelLoadError
+from nano_engine.models.loading import ModelLoadError
 from nano_engine.mini_llm import (ModelConfig, PackedWeight, RMSNorm, Transformer, generate, linear,
                                   rope_inv_freq)
 from nano_engine.tiny import tiny_model
@@ -196,33 +196,35 @@ def test_rope_scaling_of_the_default_type_under_either_key_is_no_scaling():
         rope_inv_freq(cfg)
 
 
+ROPE_FIELDS = dict(BASE, hidden_size=256, rope_theta=5e5)  # head_dim 64: wavelengths 6.3 to 2.3e5
+
+
+def llama3_pair(scaling):
+    """rope_inv_freq and transformers' own llama3 frequencies for ROPE_FIELDS with this scaling."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    hf = transformers.LlamaConfig(**ROPE_FIELDS, rope_parameters={**scaling, "rope_theta": 5e5})
+    want, _ = ROPE_INIT_FUNCTIONS["llama3"](hf)
+    return rope_inv_freq(ModelConfig.from_hf(dict(ROPE_FIELDS, rope_scaling=scaling))), want.float()
+
+
 @pytest.mark.parametrize("lo, hi", [(1.0, 4.0), (2.0, 8.0), (0.5, 3.0)])
 def test_llama3_rope_frequencies_are_transformers(lo, hi):
     """Llama 3's rescaling against transformers' own, with factors other than Llama 3.1's 1 and 4."""
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-    scaling = dict(LLAMA3, low_freq_factor=lo, high_freq_factor=hi)
-    fields = dict(BASE, hidden_size=256, rope_theta=5e5)  # head_dim 64: wavelengths 6.3 to 2.3e5
-    hf = transformers.LlamaConfig(**fields, rope_parameters={**scaling, "rope_theta": 5e5})
-    want, _ = ROPE_INIT_FUNCTIONS["llama3"](hf)
-    ours = rope_inv_freq(ModelConfig.from_hf(dict(fields, rope_scaling=scaling)))
-    wavelen = 2 * math.pi / rope_inv_freq(ModelConfig.from_hf(fields))  # before the rescaling
+    ours, want = llama3_pair(dict(LLAMA3, low_freq_factor=lo, high_freq_factor=hi))
+    wavelen = 2 * math.pi / rope_inv_freq(ModelConfig.from_hf(ROPE_FIELDS))  # before the rescaling
     assert ((wavelen > 64 / hi) & (wavelen < 64 / lo)).any()  # some frequencies are in the smoothed band
-    torch.testing.assert_close(ours, want.float(), rtol=1e-6, atol=0)
+    torch.testing.assert_close(ours, want, rtol=1e-6, atol=0)
 
 
 def test_llama3_rope_at_the_band_edges_is_transformers():
     """Factors chosen so that two wavelengths fall exactly on the smoothed band's edges: the edge
     at old_len / low_freq_factor belongs to the band (where the smoothing meets inv / factor)."""
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-    fields = dict(BASE, hidden_size=256, rope_theta=5e5)
-    plain = rope_inv_freq(ModelConfig.from_hf(fields))
+    plain = rope_inv_freq(ModelConfig.from_hf(ROPE_FIELDS))
     wavelen = 2 * math.pi / plain
-    scaling = dict(LLAMA3, low_freq_factor=64 / float(wavelen[10]), high_freq_factor=64 / float(wavelen[3]))
-    hf = transformers.LlamaConfig(**fields, rope_parameters={**scaling, "rope_theta": 5e5})
-    want, _ = ROPE_INIT_FUNCTIONS["llama3"](hf)
-    ours = rope_inv_freq(ModelConfig.from_hf(dict(fields, rope_scaling=scaling)))
+    ours, want = llama3_pair(dict(LLAMA3, low_freq_factor=64 / float(wavelen[10]),
+                                  high_freq_factor=64 / float(wavelen[3])))
     assert ours[10] == plain[10] / 8 and ours[3] == plain[3]  # the edges: inv / factor, inv
-    torch.testing.assert_close(ours, want.float(), rtol=1e-6, atol=0)
+    torch.testing.assert_close(ours, want, rtol=1e-6, atol=0)
 
 
 def test_llama3_rope_factors_left_out_are_llama_3_1s():
@@ -316,20 +318,22 @@ def test_fuse_stacks_the_weights_in_buffers_and_keeps_each_weight_a_view(bias, q
 
 
 def test_onednn_linear_is_there_on_this_torch_and_is_checked_before_use(monkeypatch):
-    """The pinned torch CPU wheel ships oneDNN: float32 takes its path (mini_llm.linear). A build
+    """The pinned torch CPU wheel ships oneDNN: float32 takes its path (kernels/linear.py). A build
     whose oneDNN op is missing, fails or disagrees with F.linear gets the plain path."""
-    assert mini_llm._has_onednn_linear() is True and mini_llm.ONEDNN_FP32 is True
+    from nano_engine.kernels import linear as kernels_linear
+
+    assert kernels_linear._has_onednn_linear() is True and kernels_linear.ONEDNN_FP32 is True
     real = torch.ops.mkldnn._linear_pointwise
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda x, w, *rest: real(x, w, *rest) + 1)
-    assert mini_llm._has_onednn_linear() is False
+    assert kernels_linear._has_onednn_linear() is False
 
     def fails(*args):
         raise RuntimeError("no oneDNN kernel for this CPU")
 
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", fails)
-    assert mini_llm._has_onednn_linear() is False
+    assert kernels_linear._has_onednn_linear() is False
     monkeypatch.setattr(torch, "ops", SimpleNamespace(mkldnn=SimpleNamespace()))
-    assert mini_llm._has_onednn_linear() is False
+    assert kernels_linear._has_onednn_linear() is False
 
 
 def test_linear_sites_are_every_matmul_of_a_forward_pass():
@@ -472,7 +476,7 @@ def test_weights_that_do_not_match_the_config_are_named(tmp_path, monkeypatch, e
         Transformer.from_pretrained(folder)
     assert str(e.value) == f"{folder}: the weights do not match config.json: {says}"
     # A GGUF file's config is its metadata
-    from nano_engine import loading
+    from nano_engine.models import loading
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"")
     monkeypatch.setattr(loading, "resolve_model_path", lambda path: gguf)

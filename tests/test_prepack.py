@@ -10,8 +10,8 @@ import torch
 
 from nano_engine import mini_llm
 from nano_engine.engine import LLMEngine
-from nano_engine.experiments import CHAT_PROMPTS, identity_check
-from nano_engine.loading import chat_prompt_ids, load_tokenizer
+from nano_engine.lab.experiments import CHAT_PROMPTS, identity_check
+from nano_engine.models.loading import chat_prompt_ids, load_tokenizer
 from nano_engine.mini_llm import PackedWeight, Transformer, generate, linear
 from nano_engine.sampling import SamplingParams
 from nano_engine.tiny import tiny_model
@@ -141,7 +141,7 @@ def test_prepack_refuses_other_dtypes_and_non_flags():
 def test_a_prepacked_server_answers_what_generate_gives(embedded, prompts):
     import httpx
 
-    from nano_engine.launcher import ServerProcess
+    from nano_engine.serving.launcher import ServerProcess
 
     tok = load_tokenizer()
     with ServerProcess("--prepack", "--max-num-seqs", "4") as server:

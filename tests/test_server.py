@@ -26,12 +26,12 @@ import uvicorn
 from fastapi.testclient import TestClient
 
 from nano_engine import LLMEngine, SamplingParams, generate
-from nano_engine.async_engine import AsyncLLM, EngineDeadError, RequestOutput
-from nano_engine.launcher import ServerProcess
-from nano_engine.loading import chat_prompt_ids
-from nano_engine.protocol import APIError, ChatCompletionRequest as Chat, CompletionRequest as Comp
+from nano_engine.serving.async_llm import AsyncLLM, EngineDeadError, RequestOutput
+from nano_engine.serving.launcher import ServerProcess
+from nano_engine.models.loading import chat_prompt_ids
+from nano_engine.serving.protocol import APIError, ChatCompletionRequest as Chat, CompletionRequest as Comp
 from nano_engine.sampling import SampleLogprobs
-from nano_engine.server import OpenAIServing, _disconnected, _text, build_app
+from nano_engine.serving.server import OpenAIServing, _disconnected, _text, build_app
 
 NUM_BLOCKS, BLOCK_SIZE = 128, 16
 CHAT = ["What is the capital of France?", "Name three colors.", "Write a haiku about the sea.",
@@ -407,7 +407,7 @@ def test_serve_cli_refuses_bad_flags_in_one_line(flags, says):
 def test_serve_cli_loads_and_steps_the_model_in_the_engine_thread(tiny, monkeypatch):
     # serve builds its engine with AsyncLLM.build: the model is loaded in the thread that steps it,
     # and the event loop's thread (here: this one) runs no torch at all.
-    import nano_engine.serve_cli as serve_cli
+    import nano_engine.cli.serve as serve_cli
     from nano_engine.mini_llm import Transformer
 
     loaded_in, served = [], []
@@ -430,7 +430,7 @@ def test_serve_cli_loads_and_steps_the_model_in_the_engine_thread(tiny, monkeypa
 
 
 def test_serve_cli_passes_the_attention_backend_to_the_engine(monkeypatch):
-    import nano_engine.serve_cli as serve_cli
+    import nano_engine.cli.serve as serve_cli
     from nano_engine.engine import LLMEngine
     from nano_engine.mini_llm import Transformer
     from nano_engine.tiny import tiny_model
@@ -476,7 +476,7 @@ PROTOCOL_REFUSALS = [  # (request class, body, the param named, the whole messag
 
 @pytest.mark.parametrize("cls, body, param, message", PROTOCOL_REFUSALS)
 def test_check_supported_refuses_by_name_whole(cls, body, param, message):
-    from nano_engine.protocol import APIError, check_supported
+    from nano_engine.serving.protocol import APIError, check_supported
 
     with pytest.raises(APIError) as e:
         check_supported(cls(**body))
@@ -485,7 +485,7 @@ def test_check_supported_refuses_by_name_whole(cls, body, param, message):
 
 
 def test_check_supported_takes_the_defaults_and_the_bounds():
-    from nano_engine.protocol import ChatCompletionRequest as Chat, CompletionRequest as Comp, check_supported
+    from nano_engine.serving.protocol import ChatCompletionRequest as Chat, CompletionRequest as Comp, check_supported
 
     c, m = {"prompt": "hi"}, {"messages": [{"role": "user", "content": "x"}]}
     for cls, body in [(Comp, {**c, "best_of": 1}), (Comp, {**c, "suffix": ""}), (Comp, {**c, "echo": False}),
@@ -497,7 +497,7 @@ def test_check_supported_takes_the_defaults_and_the_bounds():
 
 
 def test_api_error_body_param_of_and_validation_error():
-    from nano_engine.protocol import APIError, param_of, validation_error
+    from nano_engine.serving.protocol import APIError, param_of, validation_error
 
     e = APIError("no such model", "model", 404, "NotFoundError", "model_not_found")
     assert e.body() == {"error": {"message": "no such model", "type": "NotFoundError", "param": "model",
@@ -519,7 +519,7 @@ def test_api_error_body_param_of_and_validation_error():
 # ----- serve_cli in-process: its flags, their defaults, what run() hands to the engine and uvicorn -----
 def test_serve_flags_default_to_the_engines_defaults():
     from nano_engine.engine import EngineConfig
-    from nano_engine.serve_cli import build_parser
+    from nano_engine.cli.serve import build_parser
 
     d = EngineConfig()
     assert vars(build_parser().parse_args([])) == {
@@ -532,7 +532,7 @@ def test_serve_flags_default_to_the_engines_defaults():
 
 
 def test_serve_flags_spelled_as_vllm_spells_them_reach_the_engine_config():
-    from nano_engine.serve_cli import build_parser, engine_config
+    from nano_engine.cli.serve import build_parser, engine_config
 
     argv = ["--host", "0.0.0.0", "--port", "0", "--model", "m.gguf", "--served-model-name", "x", "--dtype", "bf16",
             "--attention-backend", "c", "--max-num-batched-tokens", "64", "--max-num-seqs", "3",
@@ -569,7 +569,7 @@ def test_serve_flags_spelled_as_vllm_spells_them_reach_the_engine_config():
                                       "'critical', 'error', 'warning', 'info', 'debug', 'trace')"),
 ])
 def test_serve_refuses_a_bad_flag_by_name(capsys, argv, message):
-    from nano_engine import serve_cli
+    from nano_engine.cli import serve as serve_cli
 
     assert serve_cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -578,7 +578,7 @@ def test_serve_refuses_a_bad_flag_by_name(capsys, argv, message):
 
 
 def test_serve_help_says_what_each_flag_does(capsys):
-    from nano_engine import serve_cli
+    from nano_engine.cli import serve as serve_cli
     from nano_engine.engine import EngineConfig
 
     assert serve_cli.main(["--help"]) == 0
@@ -592,7 +592,7 @@ def test_serve_help_says_what_each_flag_does(capsys):
                    "float32 only: reorder the matmul weights for oneDNN once at load time, as vLLM does on CPU "
                    "(faster; a second copy of the weights; Transformer.prepack)",
                    "torch: the chapters' PyTorch attention (default); c: decodes read the paged KV blocks in place, "
-                   "a C++ kernel built on first use (float32 and bfloat16; the same tokens; nano_engine/kernels.py)",
+                   "a C++ kernel built on first use (float32 and bfloat16; the same tokens; nano_engine/kernels/paged_decode.py)",
                    f"the token budget of one step (default {d.max_num_batched_tokens})",
                    f"requests running at once (default {d.max_num_seqs})",
                    f"KV cache blocks (default {d.num_blocks}; vLLM's name)",
@@ -614,7 +614,7 @@ def test_serve_help_says_what_each_flag_does(capsys):
     (["--model", "/m/a.gguf", "--served-model-name", "mine"], "mine"),
 ])
 def test_the_served_name_comes_from_the_flag_or_the_model_path(argv, name):
-    from nano_engine.serve_cli import EMBEDDED_NAME, build_parser, served_name
+    from nano_engine.cli.serve import EMBEDDED_NAME, build_parser, served_name
 
     assert EMBEDDED_NAME == "SmolLM2-135M-Instruct"
     assert served_name(build_parser().parse_args(argv)) == name
@@ -623,8 +623,8 @@ def test_the_served_name_comes_from_the_flag_or_the_model_path(argv, name):
 @pytest.fixture
 def serve_spies(monkeypatch):
     """serve_cli.main with the model, the tokenizer, uvicorn and the signal handler replaced by spies."""
-    import nano_engine.serve_cli as serve_cli
-    from nano_engine import loading
+    import nano_engine.cli.serve as serve_cli
+    from nano_engine.models import loading
     from nano_engine.mini_llm import Transformer
     from nano_engine.tiny import tiny_model
 
@@ -648,7 +648,7 @@ def serve_spies(monkeypatch):
 
 
 def test_serve_run_hands_its_flags_to_the_model_uvicorn_and_sigterm(serve_spies):
-    from nano_engine import serve_cli
+    from nano_engine.cli import serve as serve_cli
 
     seen = serve_spies
     assert serve_cli.main(["--port", "0", "--host", "127.0.0.2", "--uvicorn-log-level", "error", "--threads", "3",
@@ -669,8 +669,8 @@ def test_serve_run_hands_its_flags_to_the_model_uvicorn_and_sigterm(serve_spies)
 
 
 def test_serve_run_shuts_the_engine_down_when_uvicorn_fails(serve_spies, monkeypatch, capsys):
-    from nano_engine import serve_cli
-    from nano_engine.async_engine import AsyncLLM
+    from nano_engine.cli import serve as serve_cli
+    from nano_engine.serving.async_llm import AsyncLLM
 
     built = []
     real_build = AsyncLLM.build
@@ -693,7 +693,7 @@ def test_serve_run_shuts_the_engine_down_when_uvicorn_fails(serve_spies, monkeyp
     (["--dtype", "float64", "--attention-backend", "c"], "--attention-backend c runs float32 and bfloat16, got --dtype float64"),
 ])
 def test_serve_refuses_flag_combinations_before_the_model_loads(serve_spies, capsys, argv, message):
-    from nano_engine import serve_cli
+    from nano_engine.cli import serve as serve_cli
 
     assert serve_cli.main(argv) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"python -m nano_engine serve: error: {message}"
@@ -701,7 +701,8 @@ def test_serve_refuses_flag_combinations_before_the_model_loads(serve_spies, cap
 
 
 def test_serve_builds_the_c_kernel_before_the_model_and_maps_config_errors(serve_spies, monkeypatch, capsys):
-    from nano_engine import kernels, serve_cli
+    from nano_engine.kernels import paged_decode as kernels
+    from nano_engine.cli import serve as serve_cli
 
     real_build = kernels.build
     monkeypatch.setattr(kernels, "build", lambda: serve_spies.calls.append("build") or real_build())

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from nano_engine import serving_metrics
-from nano_engine.async_engine import RequestOutput
-from nano_engine.serving_metrics import ServingMetrics
+from nano_engine.serving import metrics as serving_metrics
+from nano_engine.serving.async_llm import RequestOutput
+from nano_engine.serving.metrics import ServingMetrics
 
 LABELS = {"model_name": "m", "engine": "0"}
 # vLLM's buckets, vllm/v1/metrics/loggers.py (PrometheusStatLogger), in seconds.

@@ -6,7 +6,7 @@ before the stop, the other requests of the batch, the blocks)."""
 import pytest
 
 from nano_engine import LLMEngine, SamplingParams
-from nano_engine.loading import load_tokenizer
+from nano_engine.models.loading import load_tokenizer
 from nano_engine.tiny import tiny_model
 
 # Ids up to 600 of SmolLM2's tokenizer: byte tokens and common merges (" the", "in", ...), so
@@ -123,7 +123,7 @@ def test_the_async_engine_streams_the_engines_text_once_and_its_stop_reason(tok)
     deltas join to the engine's cut text, and the last output says which string stopped it."""
     import asyncio
 
-    from nano_engine.async_engine import AsyncLLM
+    from nano_engine.serving.async_llm import AsyncLLM
 
     ids, text = unstopped(tok, PROMPTS[0])
     stop = text[len(text) // 2:len(text) // 2 + 2]

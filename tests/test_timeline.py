@@ -8,9 +8,9 @@ import pytest
 matplotlib.use("Agg")
 
 from nano_engine import LLMEngine, SamplingParams  # noqa: E402
-from nano_engine.experiments import run_arrivals  # noqa: E402
+from nano_engine.lab.experiments import run_arrivals  # noqa: E402
 from nano_engine.steplog import queue_states  # noqa: E402
-from nano_engine.timeline import (METHODS, STATE_COLORS, TimelineWidget, compare_figure,  # noqa: E402
+from nano_engine.lab.timeline import (METHODS, STATE_COLORS, TimelineWidget, compare_figure,  # noqa: E402
                                   plot_timeline, state_counts, timeline)
 
 ARRIVALS = [(0, list(range(1, 13)), SamplingParams(max_tokens=3, ignore_eos=True)),

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from nano_engine import EngineConfig
-from nano_engine.vllm_bridge import SETTINGS, settings_table, to_vllm, vllm_command
+from nano_engine.lab.vllm_bridge import SETTINGS, settings_table, to_vllm, vllm_command
 from tiny_files import save_hf_folder
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -49,12 +49,12 @@ def test_every_setting_is_a_vllm_engine_arg_and_flag(vllm_args):
 def test_to_vllm_carries_every_value():
     cfg = EngineConfig(max_num_batched_tokens=96, max_num_seqs=7, enable_chunked_prefill=False,
                        enable_prefix_caching=False, block_size=32, num_blocks=41, policy="priority")
-    assert cfg.to_vllm("bf16", 4096) == {
+    assert to_vllm(cfg, "bf16", 4096) == {
         "max_num_batched_tokens": 96, "max_num_seqs": 7, "enable_chunked_prefill": False,
         "enable_prefix_caching": False, "block_size": 32, "num_gpu_blocks_override": 41,
         "scheduling_policy": "priority", "scheduler_reserve_full_isl": False, "dtype": "bfloat16",
         "max_model_len": 4096}
-    assert EngineConfig(scheduler_reserve_full_isl=True).to_vllm()["scheduler_reserve_full_isl"] is True
+    assert to_vllm(EngineConfig(scheduler_reserve_full_isl=True))["scheduler_reserve_full_isl"] is True
 
 
 def test_the_command_spells_booleans_as_vllm_does():
@@ -94,23 +94,23 @@ def test_vllm_args_cli_prints_the_command_and_refuses_what_vllm_lacks(tmp_path):
 
 
 def test_vllm_args_in_process_prints_the_command_and_names_its_program(tmp_path, capsys, monkeypatch):
-    from nano_engine import vllm_bridge
+    from nano_engine.cli import vllm_args
 
     folder = tmp_path / "m"
     folder.mkdir()
     save_hf_folder(folder)
-    assert vllm_bridge.main(["--model", str(folder), "--max-num-batched-tokens", "96", "--port", "8123",
+    assert vllm_args.main(["--model", str(folder), "--max-num-batched-tokens", "96", "--port", "8123",
                              "--host", "127.0.0.2", "--served-model-name", "mine"]) == 0
     out = capsys.readouterr()
     assert out.out.splitlines() == [" ".join(vllm_command(EngineConfig(max_num_batched_tokens=96), str(folder),
                                                           dtype="float32", host="127.0.0.2", port=8123,
                                                           served_model_name="mine"))]
-    assert vllm_bridge.main(["--model", str(folder), "--scheduling-policy", "conservative"]) == 2
+    assert vllm_args.main(["--model", str(folder), "--scheduling-policy", "conservative"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0].startswith("usage: python -m nano_engine vllm-args ")
     assert err[-1].startswith("python -m nano_engine vllm-args: error: policy='conservative' has no vLLM counterpart")
     monkeypatch.setenv("COLUMNS", "200")  # argparse wraps the description to the terminal
-    assert vllm_bridge.main(["--help"]) == 0
+    assert vllm_args.main(["--help"]) == 0
     assert ("\n\nPrint the vLLM command line that serves the same model with the same settings.\n\n"
             in capsys.readouterr().out)
 
@@ -119,7 +119,8 @@ def test_a_gguf_file_is_served_to_vllm_from_its_dequantized_folder(tmp_path, mon
     """vLLM reads a folder: a GGUF file's is the cache folder nano_engine dequantizes it into; each of
     its weights and its tokenizer is written only when missing (the writers are spies here: the tiny
     GGUF of these tests has no tokenizer, and the real conversion has tests of its own)."""
-    from nano_engine import loading, vllm_bridge
+    from nano_engine.models import loading
+    from nano_engine.cli import vllm_args
     from tiny_files import write_gguf
 
     monkeypatch.setenv("NANO_ENGINE_CACHE", str(tmp_path / "cache"))
@@ -136,14 +137,14 @@ def test_a_gguf_file_is_served_to_vllm_from_its_dequantized_folder(tmp_path, mon
         return write
     monkeypatch.setattr(loading, "load_checkpoint", writer("weights", "model.safetensors"))
     monkeypatch.setattr(loading, "load_tokenizer", writer("tokenizer", "tokenizer_config.json"))
-    assert vllm_bridge._hf_folder(tmp_path) == tmp_path and calls == []  # a folder is passed on as it is
-    assert vllm_bridge._hf_folder(path) == folder
+    assert vllm_args.hf_folder(tmp_path) == tmp_path and calls == []  # a folder is passed on as it is
+    assert vllm_args.hf_folder(path) == folder
     assert calls == [("weights", path), ("tokenizer", path)]
-    assert vllm_bridge._hf_folder(path) == folder and len(calls) == 2  # both there: nothing written
+    assert vllm_args.hf_folder(path) == folder and len(calls) == 2  # both there: nothing written
     (folder / "tokenizer_config.json").unlink()
-    assert vllm_bridge._hf_folder(path) == folder and calls[2:] == [("tokenizer", path)]
+    assert vllm_args.hf_folder(path) == folder and calls[2:] == [("tokenizer", path)]
     (folder / "model.safetensors").unlink()
-    assert vllm_bridge._hf_folder(path) == folder and calls[3:] == [("weights", path)]
+    assert vllm_args.hf_folder(path) == folder and calls[3:] == [("weights", path)]
 
 
 def test_the_readme_holds_the_settings_table_as_generated():

@@ -1,6 +1,6 @@
-"""Cases of exercise 132: the learner's serving metrics against nano_engine.benchmark_metrics.
+"""Cases of exercise 132: the learner's serving metrics against nano_engine.benchmarks.metrics.
 
-The reference is `nano_engine.benchmark_metrics` (vLLM's `calculate_metrics` from
+The reference is `nano_engine.benchmarks.metrics` (vLLM's `calculate_metrics` from
 `vllm/benchmarks/serve.py`, to the letter) and, for a single percentile, `numpy.percentile`, which
 vLLM calls. Hand-made traces put values exactly on the boundaries (an SLO met with equality, a
 one-token request, a failed one); recorded traces come from a seeded generator that plays what a
@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-import nano_engine.benchmark_metrics as ref
-from nano_engine.benchmark_metrics import RequestRecord as R
+import nano_engine.benchmarks.metrics as ref
+from nano_engine.benchmarks.metrics import RequestRecord as R
 from practice.worker import Case, Mismatch, require_functions
 
 REFERENCE_FILE = ref.__file__

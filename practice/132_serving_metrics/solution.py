@@ -11,7 +11,7 @@ one clock):
     r.prompt_tokens, r.output_tokens
     r.success        False for a request that failed (r.error says why)
 
-(`nano_engine.benchmark_metrics.RequestRecord`.) The judge gives only successful records to the
+(`nano_engine.benchmarks.metrics.RequestRecord`.) The judge gives only successful records to the
 first four functions. Write `percentile` yourself: `numpy.percentile` is what it must agree with,
 so use numpy to check your answers, not to give them.
 """

@@ -1,6 +1,6 @@
 """A solution of exercise 132 written from its statement: plain Python, no numpy.
 
-The judge compares it with nano_engine.benchmark_metrics, which uses numpy: passing shows that the
+The judge compares it with nano_engine.benchmarks.metrics, which uses numpy: passing shows that the
 statement's definitions (linear percentiles, population std) pin the figures down.
 """
 

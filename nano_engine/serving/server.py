@@ -3,7 +3,7 @@
 FastAPI + uvicorn, the stack of vLLM's server (`vllm/entrypoints/openai/api_server.py`,
 `serving_completion.py`, `serving_chat.py`): GET /v1/models, POST /v1/completions and
 /v1/chat/completions (streamed as server-sent events, ending in `data: [DONE]`), GET /health and
-GET /metrics (serving_metrics.py). Every bad value is a 400 in OpenAI's error shape naming its
+GET /metrics (metrics.py). Every bad value is a 400 in OpenAI's error shape naming its
 `param`, checked before the request is queued; an unknown model is a 404. A client that goes away
 aborts its request: for a stream, Starlette cancels the response when it sees `http.disconnect`;
 for a plain response, the handler is raced against the disconnect (vLLM's `with_cancellation`,
@@ -22,12 +22,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from .async_engine import AsyncLLM, EngineDeadError, RequestOutput, RequestStream
-from .detokenizer import check_stop
+from .async_llm import AsyncLLM, EngineDeadError, RequestOutput, RequestStream
+from ..detokenizer import check_stop
 from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, check_supported, param_of,
                        validation_error)
-from .request import SamplingParams
-from .serving_metrics import CONTENT_TYPE, ServingMetrics
+from ..request import SamplingParams
+from .metrics import CONTENT_TYPE, ServingMetrics
 
 
 def with_cancellation(handler):

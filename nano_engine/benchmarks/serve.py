@@ -14,7 +14,7 @@ vLLM's client, run against the same server, can be compared:
 - `vllm/benchmarks/serve.py`: `get_request` (inf sends every request at once; otherwise gaps
   drawn from a gamma distribution of shape `burstiness`, 1 being a Poisson process, rescaled so
   the last request goes out at num_prompts / rate), `--max-concurrency` as a semaphore, warm-ups,
-  the result JSON's keys; the metrics are `benchmark_metrics.calculate_metrics`.
+  the result JSON's keys; the metrics are `metrics.calculate_metrics`.
 
 The client is httpx's AsyncClient (no proxy from the environment: it talks to the given URL
 only); every request has a total `timeout`.
@@ -33,8 +33,8 @@ from typing import Sequence
 import httpx
 import numpy as np
 
-from .benchmark_metrics import METRIC_NAMES, BenchmarkMetrics, RequestRecord, calculate_metrics
-from .loadgen_datasets import SampleRequest
+from .metrics import METRIC_NAMES, BenchmarkMetrics, RequestRecord, calculate_metrics
+from .datasets import SampleRequest
 
 BACKENDS = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}
 
@@ -156,7 +156,7 @@ def _check(requests, backend, request_rate, burstiness, max_concurrency, num_war
     if not isinstance(requests, (list, tuple)) or not requests:
         raise ValueError(f"requests must be a non-empty list of SampleRequest, got {requests!r:.80}")
     if not all(isinstance(r, SampleRequest) for r in requests):
-        raise TypeError("requests must hold SampleRequest objects (see loadgen_datasets.get_samples)")
+        raise TypeError("requests must hold SampleRequest objects (see benchmarks.datasets.get_samples)")
     sample_intervals(0, request_rate, burstiness)  # checks both
     if max_concurrency is not None and (isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int)
                                         or max_concurrency < 1):
@@ -240,7 +240,7 @@ async def run_benchmark(requests: Sequence[SampleRequest], base_url: str = "http
                         **kwargs) -> dict:
     """Send `requests` to `base_url` (streamed, at `request_rate`, at most `max_concurrency` at
     once) and return the result under vLLM's keys: the settings, the metrics of
-    benchmark_metrics (those of `percentile_metrics` only, as vLLM), and per request
+    benchmarks/metrics.py (those of `percentile_metrics` only, as vLLM), and per request
     input_lens, output_lens, ttfts, itls, latencies, start_times (s after the start), errors,
     generated_texts. Keyword arguments: see `measure`."""
     return (await measure(requests, base_url, **kwargs))[0]
@@ -259,10 +259,3 @@ def benchmark(requests: Sequence[SampleRequest], base_url: str = "http://127.0.0
 
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(run).result()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m nano_engine bench-serve`; see loadgen_cli."""
-    from .loadgen_cli import main as cli_main
-
-    return cli_main(argv)

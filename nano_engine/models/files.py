@@ -4,7 +4,7 @@ A Hugging Face model folder is a config.json, safetensors files (one, or shards 
 model.safetensors.index.json) and a tokenizer. Each is checked here against what the engine
 needs, so that a wrong or damaged file fails at once with one line naming it and the problem
 (a field of the wrong type, a truncated file), not later with "index 0 is out of bounds" from
-deep inside numpy. `loading.py` runs these checks; gguf_loader.py checks GGUF files.
+deep inside numpy. `loading.py` runs these checks; gguf.py checks GGUF files.
 
 Mirrors vLLM's `vllm/transformers_utils/config.py` (reading and checking config.json) and the
 safetensors handling of `vllm/model_executor/model_loader/weight_utils.py`.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from . import checks
+from .. import checks
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # what mini_llm implements
 # Any one of these is a tokenizer transformers can load without converting a slow one.

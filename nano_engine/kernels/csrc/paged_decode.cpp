@@ -7,7 +7,7 @@
 // head use each row they read. Work goes to threads by sequence, and by (sequence, KV head) when
 // sequences are fewer than threads (a decode of one request still uses every thread).
 //
-// Two passes with the softmax between them in PyTorch (nano_engine/kernels.py):
+// Two passes with the softmax between them in PyTorch (nano_engine/kernels/paged_decode.py):
 //   paged_scores:  scores[d, h, p] = q[d, h] . K[p] * scale, -inf past the context;
 //   paged_values:  out[d, h] = sum_p probs[d, h, p] * V[p].
 // The arithmetic is attention.decode_attention's: for bfloat16 the sums run in float64, where
@@ -16,7 +16,7 @@
 // The softmax stays PyTorch's own function, so a bfloat16 request gets the same bits as in
 // `generate`.
 //
-// Built by kernels.py with the system's C++ compiler and loaded with ctypes. Linked against the
+// Built by kernels/paged_decode.py with the system's C++ compiler and loaded with ctypes. Linked against the
 // OpenMP runtime that PyTorch has already loaded (libgomp.so.1): it runs on PyTorch's threads.
 #include <cmath>
 #include <cstdint>

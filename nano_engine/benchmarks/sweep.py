@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .benchmark_metrics import METRIC_NAMES
+from .metrics import METRIC_NAMES
 
 _LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2EL"}
 
 
 def sweep(requests, rates: Sequence[float], base_url: str = "http://127.0.0.1:8000", **kwargs) -> list[dict]:
-    """One `loadgen.benchmark` per rate (same requests, same seed), in the order given."""
-    from .loadgen import benchmark
+    """One `serve.benchmark` per rate (same requests, same seed), in the order given."""
+    from .serve import benchmark
 
     return [benchmark(requests, base_url, request_rate=rate, **kwargs) for rate in rates]
 

@@ -13,7 +13,7 @@ import io
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .steplog import StepRecord, queue_states
+from ..steplog import StepRecord, queue_states
 
 # One colour per state; the order is the legend's.
 STATE_COLORS = {

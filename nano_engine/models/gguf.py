@@ -10,7 +10,7 @@ A damaged file is refused before any tensor is dequantized, with one line that n
 wrong magic number, a file cut short (or otherwise unreadable), an architecture or a tensor that
 the engine does not implement, a missing hyperparameter.
 
-Mirrors vLLM's `vllm/model_executor/model_loader/gguf_loader.py` (name mapping) and
+Mirrors vLLM's `vllm/model_executor/model_loader/gguf.py` (name mapping) and
 transformers' `modeling_gguf_pytorch_utils.py` (metadata to config, q/k permutation).
 """
 
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .model_files import ModelLoadError, check_config, normalize_config
+from .files import ModelLoadError, check_config, normalize_config
 
 GGUF_MAGIC = b"GGUF"
 GGUF_TENSORS = {  # GGUF block tensor -> Hugging Face name inside model.layers.N

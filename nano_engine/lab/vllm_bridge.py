@@ -15,10 +15,9 @@ SGLang's nearest flag (`python/sglang/srt/server_args.py`).
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 
-from .engine import EngineConfig
+from ..engine import EngineConfig
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,7 @@ SETTINGS = (
             "admits by the whole prompt and the estimated output always (see --schedule-conservativeness)"),
     Setting("attention_backend", "attention_backend", "auto (FLASH_ATTN on most GPUs)",
             "auto (CPU_ATTN: vllm/v1/attention/backends/cpu_attn.py, reads the paged blocks in place); "
-            "ours: torch (the chapters') or c (kernels.py, the same idea), not passed to vLLM",
+            "ours: torch (the chapters') or c (kernels/paged_decode.py, the same idea), not passed to vLLM",
             "--attention-backend (flashinfer, triton, torch_native, ...)"),
     Setting("dtype", "dtype", "auto (the checkpoint's)", "auto (bfloat16 for a bf16/fp16 checkpoint)", "--dtype"),
     Setting("max_model_len", "max_model_len", "the model's max_position_embeddings", "the same",
@@ -104,41 +103,3 @@ def settings_table() -> str:
     rows += [f"| `{s.ours}` | `--{s.vllm.replace('_', '-')}` | {s.vllm_gpu} | {s.vllm_cpu} | {s.sglang} |"
              for s in SETTINGS]
     return "\n".join(rows)
-
-
-def main(argv=None) -> int:
-    """`python -m nano_engine vllm-args [serve's flags]`: print the vLLM command for the same settings."""
-    from .__main__ import guarded
-    from .serve_cli import build_parser, engine_config, served_name
-
-    ap = build_parser()
-    ap.prog = "python -m nano_engine vllm-args"
-    ap.description = "Print the vLLM command line that serves the same model with the same settings."
-
-    def run(ap, args) -> int:
-        from .loading import resolve_model_path
-
-        try:
-            cmd = vllm_command(engine_config(args), str(_hf_folder(resolve_model_path(args.model))), dtype=args.dtype,
-                               host=args.host, port=args.port, served_model_name=served_name(args))
-        except ValueError as e:
-            ap.error(str(e))
-        print(shlex.join(cmd))
-        return 0
-
-    return guarded(ap, argv, run)
-
-
-def _hf_folder(path):
-    """vLLM reads a Hugging Face folder: for a GGUF file, the one nano_engine dequantizes it into
-    (weights, config and tokenizer; written on first use), so that both engines serve the same weights."""
-    from .loading import cache_dir, load_checkpoint, load_tokenizer
-
-    if path.is_dir():
-        return path
-    folder = cache_dir(path)
-    if not (folder / "model.safetensors").is_file():
-        load_checkpoint(path)
-    if not (folder / "tokenizer_config.json").is_file():
-        load_tokenizer(path)
-    return folder

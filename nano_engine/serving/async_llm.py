@@ -32,9 +32,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Sequence
 
-from .detokenizer import IncrementalDetokenizer
-from .engine import LLMEngine
-from .request import SamplingParams
+from ..detokenizer import IncrementalDetokenizer
+from ..engine import LLMEngine
+from ..request import SamplingParams
 
 logger = logging.getLogger(__name__)
 THREAD_NAME = "nano_engine-core"

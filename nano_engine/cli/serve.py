@@ -14,14 +14,10 @@ import argparse
 import pathlib
 import signal
 
+from .common import guarded, positive_int
+
 PROG = "python -m nano_engine serve"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
-
-
-def _positive_int(text: str) -> int:
-    from .__main__ import _positive_int as check
-
-    return check(text)
 
 
 def _port(text: str) -> int:
@@ -35,9 +31,9 @@ def _port(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .engine import EngineConfig
-    from .loading import DTYPES
-    from .scheduler import POLICIES
+    from ..engine import EngineConfig
+    from ..models.loading import DTYPES
+    from ..scheduler import POLICIES
 
     d = EngineConfig()
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__,
@@ -54,17 +50,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--attention-backend", choices=["torch", "c"], default=d.attention_backend,
                     help="torch: the chapters' PyTorch attention (default); c: decodes read the paged KV "
                          "blocks in place, a C++ kernel built on first use (float32 and bfloat16; the same "
-                         "tokens; nano_engine/kernels.py)")
-    ap.add_argument("--max-num-batched-tokens", type=_positive_int, default=d.max_num_batched_tokens,
+                         "tokens; nano_engine/kernels/paged_decode.py)")
+    ap.add_argument("--max-num-batched-tokens", type=positive_int, default=d.max_num_batched_tokens,
                     help=f"the token budget of one step (default {d.max_num_batched_tokens})")
-    ap.add_argument("--max-num-seqs", type=_positive_int, default=d.max_num_seqs,
+    ap.add_argument("--max-num-seqs", type=positive_int, default=d.max_num_seqs,
                     help=f"requests running at once (default {d.max_num_seqs})")
     ap.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
                     default=d.enable_chunked_prefill)
     ap.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                     default=d.enable_prefix_caching)
-    ap.add_argument("--block-size", type=_positive_int, default=d.block_size)
-    ap.add_argument("--num-gpu-blocks-override", "--num-kv-blocks", dest="num_blocks", type=_positive_int,
+    ap.add_argument("--block-size", type=positive_int, default=d.block_size)
+    ap.add_argument("--num-gpu-blocks-override", "--num-kv-blocks", dest="num_blocks", type=positive_int,
                     default=d.num_blocks, help=f"KV cache blocks (default {d.num_blocks}; vLLM's name)")
     ap.add_argument("--scheduling-policy", choices=POLICIES, default="fcfs",
                     help="fcfs or priority as in vLLM (lower priority value first); also conservative "
@@ -73,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
                     default=d.scheduler_reserve_full_isl,
                     help="admit a request only when blocks for its whole prompt are free (vLLM's default; "
                          "off by default here: the classic rule, where the first chunk is enough)")
-    ap.add_argument("--threads", type=_positive_int, help="torch threads (default: torch's choice)")
+    ap.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice)")
     ap.add_argument("--uvicorn-log-level", default="info",
                     choices=["critical", "error", "warning", "info", "debug", "trace"])
     ap.add_argument("--debug", action="store_true", help="print the traceback of a failure")
@@ -82,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def engine_config(args) -> "EngineConfig":
     """The EngineConfig of serve's flags (ValueError names a bad value)."""
-    from .engine import EngineConfig
+    from ..engine import EngineConfig
 
     return EngineConfig(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                         enable_chunked_prefill=args.enable_chunked_prefill,
@@ -105,11 +101,11 @@ def run(ap: argparse.ArgumentParser, args) -> int:
     import torch
     import uvicorn
 
-    from .async_engine import AsyncLLM
-    from .engine import LLMEngine
-    from .loading import DTYPES, check_model, load_tokenizer
-    from .mini_llm import Transformer
-    from .server import build_app
+    from ..serving.async_llm import AsyncLLM
+    from ..engine import LLMEngine
+    from ..models.loading import DTYPES, check_model, load_tokenizer
+    from ..mini_llm import Transformer
+    from ..serving.server import build_app
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -120,7 +116,7 @@ def run(ap: argparse.ArgumentParser, args) -> int:
     if args.prepack and DTYPES[args.dtype] != torch.float32:
         ap.error(f"--prepack needs --dtype float32, got --dtype {args.dtype}")
     if args.attention_backend == "c":
-        from . import kernels
+        from ..kernels import paged_decode as kernels
 
         if DTYPES[args.dtype] not in kernels.DTYPES:
             ap.error(f"--attention-backend c runs float32 and bfloat16, got --dtype {args.dtype}")
@@ -149,7 +145,5 @@ def _exit_cleanly(signum, frame):
 
 
 def main(argv=None) -> int:
-    from .__main__ import guarded
-
     ap = build_parser()
     return guarded(ap, argv, run)

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import httpx
 
-from .benchmark_metrics import METRIC_NAMES, format_metrics, parse_goodput
-from .loadgen import BACKENDS, measure
-from .loadgen_datasets import DATASETS, get_samples
-from .loadgen_report import parse_rates, plot_sweep, sweep_table
+from .common import guarded
+from ..benchmarks.metrics import METRIC_NAMES, format_metrics, parse_goodput
+from ..benchmarks.serve import BACKENDS, measure
+from ..benchmarks.datasets import DATASETS, get_samples
+from ..benchmarks.sweep import parse_rates, plot_sweep, sweep_table
 
 PROG = "python -m nano_engine bench-serve"
 
@@ -166,7 +167,7 @@ def run(ap: argparse.ArgumentParser, args) -> int:
         args.ignore_eos = True  # vLLM does the same: every request makes its full length
     tokenizer = None
     if args.dataset_name != "w2":
-        from .loading import load_tokenizer
+        from ..models.loading import load_tokenizer
 
         tokenizer = load_tokenizer(args.tokenizer)
     requests = get_samples(
@@ -212,6 +213,5 @@ def run(ap: argparse.ArgumentParser, args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .__main__ import guarded  # one-line errors and exit statuses, as the rest of the CLI
 
     return guarded(build_parser(), argv, run)

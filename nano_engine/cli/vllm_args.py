@@ -1,0 +1,45 @@
+"""`python -m nano_engine vllm-args [serve's flags]`: the vLLM command that serves the same model
+with the same settings (lab/vllm_bridge.py maps the settings)."""
+
+from __future__ import annotations
+
+import shlex
+
+from ..lab.vllm_bridge import vllm_command
+from .common import guarded
+from .serve import build_parser, engine_config, served_name
+
+
+def main(argv=None) -> int:
+    """`python -m nano_engine vllm-args [serve's flags]`: print the vLLM command for the same settings."""
+    ap = build_parser()
+    ap.prog = "python -m nano_engine vllm-args"
+    ap.description = "Print the vLLM command line that serves the same model with the same settings."
+
+    def run(ap, args) -> int:
+        from ..models.loading import resolve_model_path
+
+        try:
+            cmd = vllm_command(engine_config(args), str(hf_folder(resolve_model_path(args.model))), dtype=args.dtype,
+                               host=args.host, port=args.port, served_model_name=served_name(args))
+        except ValueError as e:
+            ap.error(str(e))
+        print(shlex.join(cmd))
+        return 0
+
+    return guarded(ap, argv, run)
+
+
+def hf_folder(path):
+    """vLLM reads a Hugging Face folder: for a GGUF file, the one nano_engine dequantizes it into
+    (weights, config and tokenizer; written on first use), so that both engines serve the same weights."""
+    from ..models.loading import cache_dir, load_checkpoint, load_tokenizer
+
+    if path.is_dir():
+        return path
+    folder = cache_dir(path)
+    if not (folder / "model.safetensors").is_file():
+        load_checkpoint(path)
+    if not (folder / "tokenizer_config.json").is_file():
+        load_tokenizer(path)
+    return folder
