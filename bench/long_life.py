@@ -94,7 +94,7 @@ def main() -> None:
           f"{counts['aborted']} aborted, at most {counts['max_live']} unfinished at once; {s.steps} steps "
           f"({len(engine.step_log)} records kept), {s.tokens} tokens, {s.preemptions} preemptions; "
           f"len(engine.requests) {len(engine.requests)}; free blocks {engine.block_pool.num_free}"
-          f"/{engine.config.num_blocks}")
+          f"/{engine.config.cache_config.num_blocks}")
 
 
 if __name__ == "__main__":

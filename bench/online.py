@@ -217,8 +217,8 @@ def main() -> int:
     gguf = embedded_model_path()
     load_checkpoint(gguf), load_tokenizer(gguf)  # writes the Hugging Face folder both servers load
     folder = cache_dir(gguf)
-    config = EngineConfig(max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
-                          num_blocks=2048)
+    config = EngineConfig.from_settings(max_num_batched_tokens=a.max_num_batched_tokens,
+                                        max_num_seqs=a.max_num_seqs, num_blocks=2048)
     flags = ["--dtype", a.dtype, "--max-num-batched-tokens", str(a.max_num_batched_tokens), "--max-num-seqs",
              str(a.max_num_seqs), "--num-gpu-blocks-override", "2048", "--threads", str(a.threads),
              "--served-model-name", EMBEDDED_NAME] + (["--prepack"] if a.prepack else [])

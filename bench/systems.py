@@ -356,7 +356,7 @@ def vllm_engine_args() -> dict:
     from nano_engine.engine import EngineConfig
     from nano_engine.lab.vllm_bridge import to_vllm
 
-    args = to_vllm(EngineConfig(max_num_batched_tokens=BUDGET, max_num_seqs=MAX_SEQS),
+    args = to_vllm(EngineConfig.from_settings(max_num_batched_tokens=BUDGET, max_num_seqs=MAX_SEQS),
                    max_model_len=VLLM_MAX_MODEL_LEN)
     del args["block_size"], args["num_gpu_blocks_override"]
     return args

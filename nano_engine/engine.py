@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Sequence
 
 import torch
@@ -23,41 +23,56 @@ import torch
 from . import checks
 from .mini_llm import Transformer
 from .detokenizer import IncrementalDetokenizer
-from .paged import BlockPool
+from .paged import BlockPool, CacheConfig
 from .policies import scheduler_class
 from .request import Request, RequestStatus, SamplingParams
 from .runner import ATTENTION_BACKENDS, ModelRunner, SeqChunk, build_batch
-from .sampling import sample
+from .sampling import SamplingMetadata, sample
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .steplog import EngineStats, StepRecord
 
 
 @dataclass
-class EngineConfig(SchedulerConfig):
-    num_blocks: int = 256
-    block_size: int = 16
-    enable_prefix_caching: bool = True
-    step_log_size: int = 10_000  # records kept in LLMEngine.step_log, the most recent ones; 0 = none
+class EngineConfig:
+    """The engine's settings: the scheduler's and the KV cache's, each a config that checks itself
+    when it is made, and the engine's own two (as vLLM's VllmConfig holds a SchedulerConfig and a
+    CacheConfig, `vllm/config/vllm.py`). `EngineConfig.from_settings(max_num_batched_tokens=64,
+    num_blocks=10)` takes the flat names of vLLM's EngineArgs and hands each to its config."""
+
+    scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cache_config: CacheConfig = field(default_factory=CacheConfig)
     attention_backend: str = "torch"  # "c": decodes read the paged blocks in place (kernels/paged_decode.py)
+    step_log_size: int = 10_000  # records kept in LLMEngine.step_log, the most recent ones; 0 = none
 
     def __post_init__(self):
-        super().__post_init__()
-        self.num_blocks = checks.integer("num_blocks", self.num_blocks, minimum=1)
-        self.block_size = checks.integer("block_size", self.block_size, minimum=1)
-        self.enable_prefix_caching = checks.flag("enable_prefix_caching", self.enable_prefix_caching)
+        checks.instance("scheduler_config", self.scheduler_config, SchedulerConfig, "a SchedulerConfig")
+        checks.instance("cache_config", self.cache_config, CacheConfig, "a CacheConfig")
+        self.attention_backend = checks.choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         # A deque's maxlen is a C ssize_t: refuse more here rather than deep inside LLMEngine.
         self.step_log_size = checks.integer("step_log_size", self.step_log_size, minimum=0, maximum=sys.maxsize)
-        self.attention_backend = checks.choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
 
-    def scheduler_config(self) -> SchedulerConfig:
-        return SchedulerConfig(**{f.name: getattr(self, f.name) for f in fields(SchedulerConfig)})
+    @classmethod
+    def from_settings(cls, **settings) -> "EngineConfig":
+        """An EngineConfig from flat settings, each to the config whose field it is."""
+        own = {f.name for f in fields(cls)} - {"scheduler_config", "cache_config"}
+        groups = {SchedulerConfig: {}, CacheConfig: {}, cls: {}}
+        names = {**{f.name: SchedulerConfig for f in fields(SchedulerConfig)},
+                 **{f.name: CacheConfig for f in fields(CacheConfig)}, **dict.fromkeys(own, cls)}
+        unknown = sorted(set(settings) - set(names))
+        if unknown:
+            raise TypeError(f"unknown engine settings {unknown}; allowed: {', '.join(names)}")
+        for name, value in settings.items():
+            groups[names[name]][name] = value
+        return cls(SchedulerConfig(**groups[SchedulerConfig]), CacheConfig(**groups[CacheConfig]), **groups[cls])
 
 
 class LLMEngine:
     def __init__(self, model: Transformer, tokenizer=None, config: EngineConfig | None = None,
-                 scheduler_cls: type[Scheduler] | None = None, **kwargs):
-        """`scheduler_cls` swaps in another Scheduler (a learner's, in the exercises); by default
-        the config's policy picks it (policies.scheduler_class)."""
+                 scheduler_cls: type[Scheduler] | None = None, block_pool_cls: type[BlockPool] | None = None,
+                 **settings):
+        """Settings come as `config` or as keywords (EngineConfig.from_settings). `scheduler_cls`
+        swaps in another Scheduler, `block_pool_cls` another BlockPool (a learner's, in the
+        exercises); by default the config's policy picks the scheduler (policies.scheduler_class)."""
         checks.instance("model", model, Transformer, "a nano_engine Transformer (Transformer.from_pretrained(path) "
                         "or nano_engine.tiny.tiny_model())")
         if isinstance(tokenizer, (EngineConfig, dict)):
@@ -65,25 +80,21 @@ class LLMEngine:
                             "or as keywords")
         checks.instance("config", config, (EngineConfig, type(None)), "an EngineConfig or None (or pass the "
                         "settings as keywords, e.g. LLMEngine(model, max_num_batched_tokens=64))")
-        if config is not None and kwargs:
+        if config is not None and settings:
             raise ValueError("pass either config or keyword settings, not both")
-        allowed = [f.name for f in fields(EngineConfig)]
-        unknown = sorted(set(kwargs) - set(allowed))
-        if unknown:
-            raise TypeError(f"unknown engine settings {unknown}; allowed: {', '.join(allowed)}")
-        if scheduler_cls is not None and not isinstance(scheduler_cls, type):
-            raise TypeError(f"scheduler_cls must be a class (a Scheduler subclass), got {scheduler_cls!r}")
-        self.config = config or EngineConfig(**kwargs)
+        for name, cls in (("scheduler_cls", scheduler_cls), ("block_pool_cls", block_pool_cls)):
+            if cls is not None and not isinstance(cls, type):
+                raise TypeError(f"{name} must be a class, got {cls!r}")
+        self.config = config or EngineConfig.from_settings(**settings)
+        cache, sched = self.config.cache_config, self.config.scheduler_config
         self.model, self.tokenizer = model, tokenizer
         # Fast tokenizers are not safe to call from two threads at once ("Already borrowed"): the
         # engine decodes stop-string requests' text while a server may be encoding prompts.
         self.tokenizer_lock = threading.Lock()
         # The KV cache first: it refuses a pool larger than memory before anything is allocated.
-        self.runner = ModelRunner(model, self.config.num_blocks, self.config.block_size,
-                                  self.config.attention_backend)
-        self.block_pool = BlockPool(self.config.num_blocks, self.config.enable_prefix_caching)
-        scheduler_cls = scheduler_cls or scheduler_class(self.config.policy)
-        self.scheduler = scheduler_cls(self.config.scheduler_config(), self.block_pool, self.config.block_size)
+        self.runner = ModelRunner(model, cache.num_blocks, cache.block_size, self.config.attention_backend)
+        self.block_pool = (block_pool_cls or BlockPool)(cache.num_blocks, cache.enable_prefix_caching)
+        self.scheduler = (scheduler_cls or scheduler_class(sched.policy))(sched, self.block_pool, cache.block_size)
         eos = model.config.eos_token_id
         self.eos_token_ids = {eos} if isinstance(eos, int) else set(eos or ())
         self.requests: dict[str, Request] = {}  # unfinished ones, and finished ones not yet released
@@ -204,11 +215,10 @@ class LLMEngine:
             if out.chunks:
                 logits = self.runner.forward(self._batch(out))
                 samplers = [c.request for c in out.chunks if c.start + c.n == c.request.num_tokens]
-                sampled = sample(logits, [r.sampling_params for r in samplers], [r.generator for r in samplers],
-                                 [r.prompt_ids for r in samplers], [r.output_ids for r in samplers],
-                                 sorted(self.eos_token_ids))
+                sampled = sample(logits, SamplingMetadata.from_requests(samplers, self.eos_token_ids))
                 num_sampled = len(samplers)
-                self._update(out, dict(zip(map(id, samplers), zip(sampled.token_ids, sampled.logprobs))), finished)
+                self._update(out, {r.request_id: (token, lps) for r, token, lps
+                                   in zip(samplers, sampled.token_ids, sampled.logprobs)}, finished)
         except BaseException as e:
             self._fail(out, finished, t, e)
             raise
@@ -222,7 +232,7 @@ class LLMEngine:
             self.scheduler.finish(req, "error")
             finished.append(req)
         if not self.scheduler.has_unfinished() and self.block_pool.num_free != self.block_pool.num_blocks:
-            self._new_block_pool()  # blocks taken by a scheduler that raised mid-step: start clean
+            self.block_pool.reset()  # blocks taken by a scheduler that raised mid-step: start clean
         self._log(out or SchedulerOutput(), finished, t, 0, error=f"{type(error).__name__}: {error}")
 
     def _batch(self, out: SchedulerOutput):
@@ -231,19 +241,20 @@ class LLMEngine:
             req = c.request
             chunks.append(SeqChunk(req.all_token_ids[c.start:c.start + c.n], c.start, req.block_ids,
                                    sample=c.start + c.n == req.num_tokens))
-        return build_batch(chunks, self.config.block_size)
+        return build_batch(chunks, self.config.cache_config.block_size)
 
-    def _update(self, out: SchedulerOutput, sampled: dict[int, tuple], finished: list[Request]) -> None:
-        now, bs = time.perf_counter(), self.config.block_size
+    def _update(self, out: SchedulerOutput, sampled: dict[str, tuple], finished: list[Request]) -> None:
+        """Advance each scheduled request; `sampled` maps a request_id to its (token, logprobs)."""
+        now, bs = time.perf_counter(), self.config.cache_config.block_size
         for c in out.chunks:
             req = c.request
             req.num_computed = c.start + c.n
             # Full blocks now hold computed KV: name them so later prompts can share them.
             full = req.num_computed // bs
             self.block_pool.cache_blocks(req.block_ids, self.scheduler.hashes(req, full), c.start // bs)
-            if id(req) not in sampled:
+            if req.request_id not in sampled:
                 continue
-            token, logprobs = sampled[id(req)]
+            token, logprobs = sampled[req.request_id]
             req.output_ids.append(token)
             if logprobs is not None:
                 req.logprobs.append(logprobs)
@@ -323,11 +334,7 @@ class LLMEngine:
         """Forget every cached block (only possible when no request holds blocks)."""
         if self.scheduler.has_unfinished():
             raise RuntimeError("cannot reset the prefix cache while requests are unfinished")
-        self._new_block_pool()
-
-    def _new_block_pool(self) -> None:
-        self.block_pool = type(self.block_pool)(self.config.num_blocks, self.config.enable_prefix_caching)
-        self.scheduler.pool = self.block_pool
+        self.block_pool.reset()
 
 
 __all__ = ["EngineConfig", "EngineStats", "LLMEngine", "RequestStatus", "StepRecord"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -49,6 +50,21 @@ def block_hashes(token_ids: Sequence[int], block_size: int, num_blocks: int | No
     return out
 
 
+@dataclass
+class CacheConfig:
+    """The KV cache's settings (vLLM's `vllm/config/cache.py`, CacheConfig; `num_blocks` is its
+    num_gpu_blocks_override: vLLM sizes the pool from memory unless told)."""
+
+    block_size: int = 16  # token slots per block
+    num_blocks: int = 256
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self):
+        self.block_size = checks.integer("block_size", self.block_size, minimum=1)
+        self.num_blocks = checks.integer("num_blocks", self.num_blocks, minimum=1)
+        self.enable_prefix_caching = checks.flag("enable_prefix_caching", self.enable_prefix_caching)
+
+
 class BlockPool:
     """Physical KV blocks: reference counts, a free queue in eviction order, and the prefix cache."""
 
@@ -62,6 +78,15 @@ class BlockPool:
         self.cached: dict[bytes, int] = {}  # block hash -> block id
         # Blocks with ref_count 0, oldest first. Each may still hold a cached prefix.
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+
+    def reset(self) -> None:
+        """Every block free and nothing cached, in place: whoever holds the pool sees it empty
+        (LLMEngine.reset_prefix_cache, and a step that failed half-way)."""
+        self.ref_count[:] = [0] * self.num_blocks
+        self.block_hash[:] = [None] * self.num_blocks
+        self.cached.clear()
+        self.free_queue.clear()
+        self.free_queue.update(OrderedDict.fromkeys(range(self.num_blocks)))
 
     @property
     def num_free(self) -> int:

@@ -23,9 +23,9 @@ and `srt/managers/scheduler.py` (new_token_ratio).
 
 from __future__ import annotations
 
-from . import checks
+from .paged import BlockPool
 from .request import Request
-from .scheduler import POLICIES, Scheduler, SchedulerOutput
+from .scheduler import POLICIES, Scheduler, SchedulerConfig, SchedulerOutput
 
 
 class PriorityScheduler(Scheduler):
@@ -44,6 +44,12 @@ class PriorityScheduler(Scheduler):
 
 class ConservativeScheduler(Scheduler):
     """SGLang's admission: keep room for the estimated remaining output of every running request."""
+
+    def __init__(self, config: SchedulerConfig, block_pool: BlockPool, block_size: int):
+        super().__init__(config, block_pool, block_size)
+        # Token slots left for admissions in this step, after what the running requests are
+        # estimated to still write: recomputed after each running pass, spent by can_admit.
+        self.headroom = 0.0
 
     def select_victim(self) -> Request:
         # retract_decode: the request with the least output loses least, then the longest prompt.
@@ -72,7 +78,12 @@ class ConservativeScheduler(Scheduler):
 
 
 class StaticScheduler(Scheduler):
-    """Static batching: the next batch starts only when the whole running batch has finished."""
+    """Static batching: the next batch starts only when the whole running batch has finished.
+    Prompts are never chunked (SchedulerConfig refuses enable_chunked_prefill=True with it)."""
+
+    def __init__(self, config: SchedulerConfig, block_pool: BlockPool, block_size: int):
+        super().__init__(config, block_pool, block_size)
+        self.batch_done = True  # no batch is running: the next may start (set by each running pass)
 
     def after_running_pass(self, out: SchedulerOutput) -> None:
         self.batch_done = not self.running
@@ -89,5 +100,5 @@ assert tuple(POLICY_CLASSES) == POLICIES
 
 
 def scheduler_class(policy: str) -> type[Scheduler]:
-    """The Scheduler class of a SchedulerConfig.policy."""
-    return POLICY_CLASSES[checks.choice("policy", policy, POLICIES)]
+    """The Scheduler class of a SchedulerConfig.policy (which SchedulerConfig has checked)."""
+    return POLICY_CLASSES[policy]

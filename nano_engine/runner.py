@@ -20,7 +20,6 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from . import checks
 from .kernels import paged_decode as kernels
 from .attention import AttentionPlan, GatherBuffers, paged_attention, plan_attention
 from .mini_llm import Transformer
@@ -103,7 +102,7 @@ class ModelRunner:
         cfg = model.config
         self.model = model
         self.block_size = block_size
-        self.attention_backend = checks.choice("attention_backend", attention_backend, ATTENTION_BACKENDS)
+        self.attention_backend = attention_backend  # one of ATTENTION_BACKENDS (EngineConfig checks it)
         if self.attention_backend == "c":
             kernels.check_dtype(model.dtype)
             kernels.library()

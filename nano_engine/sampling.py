@@ -174,16 +174,34 @@ def needs_history(p: SamplingParams) -> bool:
             or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0)
 
 
-def sample(logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
-           prompt_ids: Sequence[Sequence[int]] | None = None, output_ids: Sequence[Sequence[int]] | None = None,
-           eos_token_ids: Sequence[int] = ()) -> SamplerOutput:
-    """One token per row of logits (rows, V), row i by params[i], generators[i] and its history
-    (prompt_ids[i], output_ids[i]: needed for penalties and min_tokens; empty if not given)."""
+@dataclass
+class SamplingMetadata:
+    """What the sampler needs to know of each row of a step's logits, row i of each list for row i
+    of the logits (vLLM's `vllm/v1/sample/metadata.py`): its parameters, its generator (None: the
+    global one) and its history, the prompt and the output so far (penalties and min_tokens read
+    them; left empty, nothing counts as seen)."""
+
+    params: Sequence[SamplingParams]
+    generators: Sequence[torch.Generator | None]
+    prompt_ids: Sequence[Sequence[int]] | None = None
+    output_ids: Sequence[Sequence[int]] | None = None
+    eos_token_ids: Sequence[int] = ()  # masked with the stop_token_ids while min_tokens are not out
+
+    @classmethod
+    def from_requests(cls, requests: Sequence, eos_token_ids=()) -> "SamplingMetadata":
+        """The rows of these requests (anything with sampling_params, generator, prompt_ids, output_ids)."""
+        return cls([r.sampling_params for r in requests], [r.generator for r in requests],
+                   [r.prompt_ids for r in requests], [r.output_ids for r in requests], sorted(eos_token_ids))
+
+
+def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+    """One token per row of logits (rows, V), each row by its own parameters, generator and history."""
+    params, generators, eos_token_ids = metadata.params, metadata.generators, metadata.eos_token_ids
     rows = len(params)
     if all(p.greedy and not needs_history(p) for p in params):
         return SamplerOutput(logits.argmax(-1).tolist(), [None] * rows)  # one call for the common case
-    prompt_ids = prompt_ids if prompt_ids is not None else [()] * rows
-    output_ids = output_ids if output_ids is not None else [()] * rows
+    prompt_ids = metadata.prompt_ids if metadata.prompt_ids is not None else [()] * rows
+    output_ids = metadata.output_ids if metadata.output_ids is not None else [()] * rows
     dtype = torch.promote_types(logits.dtype, torch.float32)  # float32 at least; a float64 model stays exact
     tokens, logprobs = [], []
     for i, p in enumerate(params):

@@ -39,7 +39,8 @@ POLICIES = ("fcfs", "priority", "conservative", "static")  # their classes: poli
 class SchedulerConfig:
     max_num_batched_tokens: int = 256  # the token budget of one step
     max_num_seqs: int = 16  # requests running at once
-    enable_chunked_prefill: bool = True
+    # None: on, but for the static policy, which prefills whole prompts (and refuses True).
+    enable_chunked_prefill: bool | None = None
     policy: str = "fcfs"  # one of POLICIES
     priority_aging: float = 0.0  # priority levels gained per step waited ("priority" only)
     init_new_token_ratio: float = 0.7  # SGLang's defaults ("conservative" only)
@@ -53,8 +54,13 @@ class SchedulerConfig:
     def __post_init__(self):
         self.max_num_batched_tokens = checks.integer("max_num_batched_tokens", self.max_num_batched_tokens, minimum=1)
         self.max_num_seqs = checks.integer("max_num_seqs", self.max_num_seqs, minimum=1)
-        self.enable_chunked_prefill = checks.flag("enable_chunked_prefill", self.enable_chunked_prefill)
         self.policy = checks.choice("policy", self.policy, POLICIES)
+        if self.enable_chunked_prefill is None:
+            self.enable_chunked_prefill = self.policy != "static"
+        self.enable_chunked_prefill = checks.flag("enable_chunked_prefill", self.enable_chunked_prefill)
+        if self.policy == "static" and self.enable_chunked_prefill:
+            raise ValueError("enable_chunked_prefill=True does not go with policy='static': static batching "
+                             "prefills whole prompts (leave it out, or set it False)")
         self.priority_aging = checks.number("priority_aging", self.priority_aging, minimum=0)
         self.init_new_token_ratio = checks.number("init_new_token_ratio", self.init_new_token_ratio,
                                                   minimum=0, maximum=1, exclusive_minimum=True)
@@ -67,8 +73,6 @@ class SchedulerConfig:
                                                    minimum=0, maximum=1)
         self.retract_decode_steps = checks.integer("retract_decode_steps", self.retract_decode_steps, minimum=1)
         self.scheduler_reserve_full_isl = checks.flag("scheduler_reserve_full_isl", self.scheduler_reserve_full_isl)
-        if self.policy == "static":
-            self.enable_chunked_prefill = False  # static batching prefills whole prompts
 
 
 @dataclass
@@ -196,7 +200,7 @@ class Scheduler:
         cfg = self.config
         budget = cfg.max_num_batched_tokens
         out = SchedulerOutput()
-        scheduled: dict[int, ScheduledChunk] = {}  # id(request) -> its chunk in this step
+        scheduled: dict[str, ScheduledChunk] = {}  # request_id -> its chunk in this step
 
         # First, the running requests.
         i = 0
@@ -207,14 +211,14 @@ class Scheduler:
                 victim = self.select_victim()  # the tail; other policies may pick one ahead of req
                 if self.running.index(victim) < i:  # ahead of req: req moves up one place
                     i -= 1
-                if id(victim) in scheduled:  # already scheduled in this step: its tokens come back
-                    budget += scheduled.pop(id(victim)).n
+                if victim.request_id in scheduled:  # already scheduled in this step: its tokens come back
+                    budget += scheduled.pop(victim.request_id).n
                 self.preempt(victim)
                 out.preempted.append(victim)
                 if victim is req:  # it gets nothing; under fcfs it was the tail, so the pass ends
                     break  # (other policies: the requests after it keep their turn)
             else:
-                scheduled[id(req)] = ScheduledChunk(req, req.num_computed, n, req.chunk_kind(req.num_computed))
+                scheduled[req.request_id] = ScheduledChunk(req, req.num_computed, n, req.chunk_kind(req.num_computed))
                 budget -= n
                 i += 1
         self.after_running_pass(out)
@@ -251,7 +255,7 @@ class Scheduler:
                 req.num_cached_tokens = num_hit
             self.prefix_cache_queries += req.num_tokens
             self.prefix_cache_hits += num_hit
-            scheduled[id(req)] = ScheduledChunk(req, num_hit, n, req.chunk_kind(num_hit))
+            scheduled[req.request_id] = ScheduledChunk(req, num_hit, n, req.chunk_kind(num_hit))
             budget -= n
             num_admitted += 1
 

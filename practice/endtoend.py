@@ -53,7 +53,7 @@ def _run(scheduler_cls, model, prompts, workload, settings: dict, max_steps: int
     for i, (p, (_, m, prio)) in enumerate(zip(prompts, workload)):
         rid = engine.add_request(p, SamplingParams(max_tokens=m, ignore_eos=True), request_id=f"r{i}", priority=prio)
         reqs.append(engine.requests[rid])
-    budget, s = engine.config.max_num_batched_tokens, engine.scheduler
+    budget, s = engine.config.scheduler_config.max_num_batched_tokens, engine.scheduler
     while engine.has_unfinished():
         step = engine.stats.steps
         if step >= max_steps:

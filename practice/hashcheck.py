@@ -200,7 +200,7 @@ class _Hashes(list):
     request = None
 
 
-def learner_scheduler(api, log: list):
+def learner_scheduler(api, log: list, block_size: int):
     """A Scheduler whose hashes come from api.hash_chain and whose lookups from api.longest_cached_prefix.
 
     The admission calls `pool.lookup(self.hashes(req, k))`: the hashes carry their request, and the
@@ -219,7 +219,7 @@ def learner_scheduler(api, log: list):
             return out
 
     class LearnerLookup(BlockPool):
-        bs = 1
+        bs = block_size
 
         def lookup(self, hashes):
             req = getattr(hashes, "request", None)
@@ -256,9 +256,8 @@ def play(reqs: list[Req], block_size: int, num_blocks: int, budget: int, api=Non
     if api is None:
         sched_cls, pool = Scheduler, BlockPool(num_blocks)
     else:
-        sched_cls, pool_cls = learner_scheduler(api, log)
+        sched_cls, pool_cls = learner_scheduler(api, log, block_size)
         pool = pool_cls(num_blocks)
-        pool.bs = block_size
     s = sched_cls(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8), pool, block_size)
     made, steps = {}, []
     last = max(r.step for r in reqs)
@@ -402,14 +401,10 @@ def check_engine(api, seed: int, block_size: int = 4, num_blocks: int = 20, budg
         settings = dict(max_num_batched_tokens=budget, num_blocks=num_blocks, block_size=block_size)
         log: list = []
         if with_learner:
-            sched_cls, pool_cls = learner_scheduler(api, log)
+            sched_cls, pool_cls = learner_scheduler(api, log, block_size)
         else:
             sched_cls, pool_cls = Scheduler, None
-        engine = LLMEngine(model, scheduler_cls=sched_cls, **settings)
-        if pool_cls is not None:
-            engine.block_pool = pool_cls(num_blocks)
-            engine.block_pool.bs = block_size
-            engine.scheduler.pool = engine.block_pool
+        engine = LLMEngine(model, scheduler_cls=sched_cls, block_pool_cls=pool_cls, **settings)
         pending, reqs = list(range(len(work))), {}
         while pending or engine.has_unfinished():
             while pending and work[pending[0]][2] <= engine.stats.steps:

@@ -157,9 +157,8 @@ def _hint(op: str, kind: str, before: dict, want_err, got_err, pool, ref_pool) -
 
 def _run(pool_cls, model, prompts, workload, settings, max_steps):
     """Run the workload; returns the engine, its requests by id and each step's (scheduled, preempted, free)."""
-    engine = LLMEngine(model, scheduler_cls=recording(Scheduler), **settings)
-    engine.block_pool = pool_cls(engine.config.num_blocks, engine.config.enable_prefix_caching)
-    engine.scheduler.pool = engine.block_pool  # the scheduler allocates, frees and touches; the engine caches
+    # The scheduler allocates, frees and touches the learner's pool; the engine caches blocks in it.
+    engine = LLMEngine(model, scheduler_cls=recording(Scheduler), block_pool_cls=pool_cls, **settings)
     pending = sorted(range(len(workload)), key=lambda i: workload[i][2])
     reqs, trace = {}, []
     while pending or engine.has_unfinished():

@@ -109,10 +109,10 @@ def test_engine_config(data):
     kw = {n: data.draw(st.one_of(ENGINE_FIELDS[n], wild)) for n in names}
     engine = outcome(lambda: LLMEngine(MODEL, **kw), list(kw))
     if engine is not None:
-        cfg = engine.config
-        assert all(type(getattr(cfg, n)) is int for n in ("num_blocks", "block_size", "step_log_size"))
-        assert type(cfg.enable_prefix_caching) is bool
-        assert engine.block_pool.num_free == cfg.num_blocks and engine.step_log.maxlen == cfg.step_log_size
+        cfg, cache = engine.config, engine.config.cache_config
+        assert all(type(v) is int for v in (cache.num_blocks, cache.block_size, cfg.step_log_size))
+        assert type(cache.enable_prefix_caching) is bool
+        assert engine.block_pool.num_free == cache.num_blocks and engine.step_log.maxlen == cfg.step_log_size
 
 
 # ----- add_request -----

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from nano_engine import LLMEngine, SamplingParams
-from nano_engine.serving.async_llm import AsyncLLM, EngineDeadError
+from nano_engine.serving.async_llm import AsyncLLM, EngineDeadError, _Abort, _Add
 
 PROMPTS = [list(range(1 + i, 6 + 3 * i)) for i in range(8)]
 
@@ -74,7 +74,7 @@ def test_concurrent_callers_get_generates_tokens_and_share_steps(tiny, make):
 def test_a_cancelled_caller_aborts_its_request_and_frees_its_blocks(make):
     llm = make(num_blocks=64, block_size=4)
     finals = []  # the engine thread's last output of each request (nobody reads the cancelled one)
-    llm.on_output = lambda out: finals.append((out.request_id, out.finish_reason)) if out.finished else None
+    llm.subscribe(lambda out: finals.append((out.request_id, out.finish_reason)) if out.finished else None)
     sp = SamplingParams(max_tokens=200, ignore_eos=True)
 
     async def main():
@@ -174,8 +174,8 @@ def test_shutdown_aborts_what_is_left_and_refuses_new_requests(make):
     assert not llm._thread.is_alive() and not llm.engine.requests
 
 
-def test_build_makes_the_engine_in_the_engine_thread_and_serves_it(tiny):
-    # Where speed matters the model is loaded and stepped in one thread (AsyncLLM.build's docstring:
+def test_a_function_makes_the_engine_in_the_engine_thread_and_serves_it(tiny):
+    # Where speed matters the model is loaded and stepped in one thread (AsyncLLM's docstring:
     # GNU OpenMP keeps a worker team per thread that ran torch, and two teams on 2 cores halve a step).
     where = []
 
@@ -183,10 +183,9 @@ def test_build_makes_the_engine_in_the_engine_thread_and_serves_it(tiny):
         where.append(threading.current_thread())
         return LLMEngine(tiny, max_num_batched_tokens=32, num_blocks=64, block_size=4)
 
-    llm = AsyncLLM.build(make_engine)
+    llm = AsyncLLM(make_engine)
     try:
         assert where == [llm._thread] and llm._thread is not threading.current_thread()
-        assert llm._thread.name == "nano_engine-core"
         sp = SamplingParams(max_tokens=6, ignore_eos=True)
         want = LLMEngine(tiny).generate([PROMPTS[3]], sp)[0].output_ids
         outs = run(collect(llm, PROMPTS[3], sp))
@@ -204,12 +203,12 @@ def no_model():
     (no_model, FileNotFoundError, "no model at /nowhere"),
     (lambda: "not an engine", TypeError, "got str"),
 ])
-def test_build_raises_what_make_engine_raised_and_leaves_no_thread(make_engine, error, text):
-    before = {t for t in threading.enumerate() if t.name == "nano_engine-core"}
+def test_a_failing_engine_function_raises_here_and_leaves_no_thread(make_engine, error, text):
+    before = set(threading.enumerate())
     with pytest.raises(error) as e:
-        AsyncLLM.build(make_engine)
+        AsyncLLM(make_engine)
     assert text in str(e.value)
-    assert {t for t in threading.enumerate() if t.name == "nano_engine-core"} == before
+    assert set(threading.enumerate()) <= before
 
 
 class WordsTokenizer:
@@ -219,32 +218,35 @@ class WordsTokenizer:
         return "".join(f" w{i}" for i in ids)
 
 
-def test_the_engine_thread_is_a_named_daemon_with_the_callers_hook_and_tokenizer(tiny):
-    """Both ways in: a daemon thread (a process that forgets shutdown() still exits), named for
-    py-spy and logs, calling the on_output given; build() attaches the tokenizer given."""
-    seen, tokenizer = [], WordsTokenizer()
-    with pytest.raises(TypeError) as e:
+def test_the_engine_thread_is_a_daemon_calling_the_hooks_with_the_engines_tokenizer(tiny):
+    """A daemon thread (a process that forgets shutdown() still exits); on_output and subscribers
+    see every output; text comes from the engine's tokenizer, under the engine's lock."""
+    seen, later, tokenizer = [], [], WordsTokenizer()
+    with pytest.raises(TypeError, match="engine must be an LLMEngine"):
         AsyncLLM("an engine")
-    assert str(e.value) == "engine must be an LLMEngine, got str"
-    direct = AsyncLLM(LLMEngine(tiny), on_output=seen.append)
-    built = AsyncLLM.build(lambda: LLMEngine(tiny), tokenizer, on_output=seen.append)
+    llm = AsyncLLM(LLMEngine(tiny, tokenizer), on_output=seen.append)
+    llm.subscribe(later.append)
     try:
-        assert built.tokenizer is tokenizer and built.engine.tokenizer is tokenizer
-        for llm in (direct, built):
-            assert llm._thread.daemon and llm._thread.name == "nano_engine-core"
-            outs = run(collect(llm, [1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True)))
-            assert seen[-len(outs):] == outs
+        assert llm._thread.daemon and llm.tokenizer is tokenizer
+        assert llm.tokenizer_lock is llm.engine.tokenizer_lock
+        outs = run(collect(llm, [1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True)))
+        assert seen == outs and later == outs
         ids = [t for o in outs for t in o.new_token_ids]
-        assert "".join(o.new_text for o in outs) == tokenizer.decode(ids)  # built's text, by its tokenizer
+        assert "".join(o.new_text for o in outs) == tokenizer.decode(ids)
     finally:
-        direct.shutdown()
-        built.shutdown()
+        llm.shutdown()
+    bare = AsyncLLM(LLMEngine(tiny))
+    try:
+        outs = run(collect(bare, [1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True)))
+        assert bare.tokenizer is None and all(o.new_text == "" for o in outs)  # tokens, no text
+    finally:
+        bare.shutdown()
 
 
 def test_generate_passes_the_request_id_and_the_engines_keywords(make):
     llm = make()
     priorities = []
-    llm.on_output = lambda out: priorities.append(llm.engine.requests[out.request_id].priority)
+    llm.subscribe(lambda out: priorities.append(llm.engine.requests[out.request_id].priority))
     outs = run(collect(llm, [1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True), request_id="mine",
                        priority=7))
     assert {o.request_id for o in outs} == {"mine"} and priorities[0] == 7
@@ -299,7 +301,7 @@ def test_shutdown_refuses_the_adds_still_queued_and_skips_queued_aborts(make, mo
             await asyncio.sleep(0)
             gone.cancel()  # a caller that gives up queues an abort behind its add
             await asyncio.sleep(0)
-            assert [c[0] for c in llm._commands] == ["add", "add", "abort"] and gone.cancelled()
+            assert [type(c) for c in llm._commands] == [_Add, _Add, _Abort] and gone.cancelled()
             stopper = threading.Thread(target=llm.shutdown)
             stopper.start()
             while not llm._stopping:
@@ -316,21 +318,6 @@ def test_shutdown_refuses_the_adds_still_queued_and_skips_queued_aborts(make, mo
     finally:
         release.set()
     assert last.finished and last.finish_reason == "abort" and not llm.engine.requests
-
-
-def test_an_engine_keeps_its_own_tokenizer_and_shares_its_lock(tiny):
-    own, given = WordsTokenizer(), WordsTokenizer()
-    llm = AsyncLLM(LLMEngine(tiny, own), given)
-    try:
-        assert llm.engine.tokenizer is own and llm.tokenizer is given  # the engine's stop strings use its own
-        assert llm.tokenizer_lock is llm.engine.tokenizer_lock
-    finally:
-        llm.shutdown()
-    bare = AsyncLLM(LLMEngine(tiny))
-    try:
-        assert bare.tokenizer is None and bare.engine.tokenizer is None
-    finally:
-        bare.shutdown()
 
 
 def test_each_turn_of_the_engine_loop_is_one_step_for_a_lone_request(make):
@@ -410,7 +397,7 @@ def test_an_aborted_stream_ends_at_once_and_aborts_once(make):
         return stream, [out async for out in stream]
 
     stream, after = run(main())
-    assert stream.finished is True and after == [] and sent == [("abort", stream.request_id)]
+    assert stream.finished is True and after == [] and sent == [_Abort(stream.request_id)]
 
 
 def test_a_shutdown_that_cannot_abort_a_request_tells_its_caller(make, monkeypatch):
@@ -438,7 +425,7 @@ def test_a_failing_on_output_is_logged_and_the_stream_goes_on(make, caplog):
     def on_output(out):
         raise Bug("metrics are broken")
 
-    llm.on_output = on_output
+    llm.subscribe(on_output)
     with caplog.at_level(logging.ERROR, logger="nano_engine.serving.async_llm"):
         outs = run(collect(llm, [1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True)))
     assert sum(len(o.new_token_ids) for o in outs) == 3 and outs[-1].finished
@@ -451,7 +438,7 @@ def test_a_caller_whose_event_loop_closed_has_its_request_aborted(make):
     output, so the engine thread aborts its request at the next output and serves on."""
     llm = make(num_blocks=64, block_size=4)
     finals = []
-    llm.on_output = lambda out: finals.append((out.request_id, out.finish_reason)) if out.finished else None
+    llm.subscribe(lambda out: finals.append((out.request_id, out.finish_reason)) if out.finished else None)
     asyncio.run(llm.add_request(list(range(1, 9)), SamplingParams(max_tokens=200, ignore_eos=True), "orphan"))
     assert wait_until(lambda: not llm.engine.requests)
     assert finals == [("orphan", "abort")] and llm.num_streams == 0
@@ -490,7 +477,7 @@ def test_a_request_that_waits_its_turn_does_not_hold_back_the_others_outputs(mak
     outputs of those after it: each step's token reaches its caller in that step."""
     llm = make(max_num_seqs=1, policy="priority")
     order = []
-    llm.on_output = lambda out: order.append((out.request_id, len(out.new_token_ids)))
+    llm.subscribe(lambda out: order.append((out.request_id, len(out.new_token_ids))))
     sp = SamplingParams(max_tokens=3, ignore_eos=True)
 
     async def main():
@@ -510,8 +497,8 @@ def test_a_request_that_waits_its_turn_does_not_hold_back_the_others_outputs(mak
 def test_requests_without_a_priority_or_an_id_get_zero_and_a_fresh_id(make):
     llm = make()
     seen = []
-    llm.on_output = lambda out: None if out.finished else seen.append(
-        (out.request_id, llm.engine.requests[out.request_id].priority))  # a finished one is released
+    llm.subscribe(lambda out: None if out.finished else seen.append(
+        (out.request_id, llm.engine.requests[out.request_id].priority)))  # a finished one is released
     for _ in range(2):
         run(collect(llm, [1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True)))
     (a, pa), (b, pb) = seen
@@ -540,7 +527,7 @@ class LettersTokenizer:
 
 
 def test_a_held_back_tail_is_handed_out_with_the_last_output(tiny):
-    llm = AsyncLLM(LLMEngine(tiny), LettersTokenizer())
+    llm = AsyncLLM(LLMEngine(tiny, LettersTokenizer()))
     try:
         outs = run(collect(llm, [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True, stop=["ab"])))
     finally:

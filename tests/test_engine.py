@@ -149,9 +149,9 @@ def test_the_sampler_is_given_each_requests_history(tiny, monkeypatch):
     seen = []
     real = engine_module.sample
 
-    def spy(logits, params, generators, prompt_ids, output_ids, eos_token_ids):
-        seen.append(([list(p) for p in prompt_ids], [list(o) for o in output_ids], eos_token_ids))
-        return real(logits, params, generators, prompt_ids, output_ids, eos_token_ids)
+    def spy(logits, meta):
+        seen.append(([list(p) for p in meta.prompt_ids], [list(o) for o in meta.output_ids], meta.eos_token_ids))
+        return real(logits, meta)
 
     monkeypatch.setattr(engine_module, "sample", spy)
     engine = LLMEngine(tiny, max_num_batched_tokens=64)
@@ -194,6 +194,7 @@ def test_blocks_taken_by_a_scheduler_that_raised_are_given_back(tiny, monkeypatc
     assert engine.step_log[-1].num_sampled == 0
     assert engine.block_pool.num_free == 16 and engine.scheduler.pool is engine.block_pool
     engine.block_pool.check()
+    monkeypatch.undo()  # allocate works again: the engine serves as before
     assert engine.generate([list(range(1, 10))], GREEDY)[0].output_ids == expected
 
 
@@ -293,7 +294,7 @@ def test_generate_stops_a_scheduler_that_schedules_nothing(tiny):
 
 # ----- the prefix cache reset, and loading -----
 @pytest.mark.parametrize("caching", [True, False])
-def test_reset_prefix_cache_starts_a_clean_pool_of_the_same_kind(tiny, caching):
+def test_reset_prefix_cache_empties_the_pool(tiny, caching):
     engine = LLMEngine(tiny, num_blocks=20, block_size=4, enable_prefix_caching=caching)
     shared = list(range(1, 14))
     engine.generate([shared], GREEDY)
@@ -302,11 +303,11 @@ def test_reset_prefix_cache_starts_a_clean_pool_of_the_same_kind(tiny, caching):
         engine.reset_prefix_cache()
     engine.abort(rid)
     assert engine.generate([shared], GREEDY)[0].num_cached_tokens == (12 if caching else 0)
-    old = engine.block_pool
+    pool = engine.block_pool
     engine.reset_prefix_cache()
-    new = engine.block_pool
-    assert new is not old and engine.scheduler.pool is new and type(new) is type(old)
-    assert (new.num_blocks, new.num_free, new.enable_prefix_caching, new.cached) == (20, 20, caching, {})
+    assert engine.block_pool is pool and engine.scheduler.pool is pool  # emptied in place: one pool, shared
+    assert (pool.num_blocks, pool.num_free, pool.enable_prefix_caching, pool.cached) == (20, 20, caching, {})
+    pool.check()
     assert engine.generate([shared], GREEDY)[0].num_cached_tokens == 0  # forgotten
     assert engine.generate([shared], GREEDY)[0].num_cached_tokens == (12 if caching else 0)
 
@@ -317,7 +318,7 @@ def test_from_pretrained_loads_the_model_and_its_tokenizer(tiny, monkeypatch):
     monkeypatch.setattr("nano_engine.models.loading.load_tokenizer", lambda path: calls.append(("tokenizer", path)) or "TOK")
     engine = LLMEngine.from_pretrained("some/folder", max_num_seqs=3)
     assert calls == [("some/folder", torch.float32), ("tokenizer", "some/folder")]
-    assert engine.model is tiny and engine.tokenizer == "TOK" and engine.config.max_num_seqs == 3
+    assert engine.model is tiny and engine.tokenizer == "TOK" and engine.config.scheduler_config.max_num_seqs == 3
     calls.clear()
     LLMEngine.from_pretrained(dtype=torch.bfloat16)
     assert calls == [(None, torch.bfloat16), ("tokenizer", None)]

@@ -11,7 +11,7 @@ from nano_engine.paged import block_hashes
 
 def cached_prefix(engine, req) -> int:
     """How many of the request's full, computed blocks the prefix cache finds under their hashes."""
-    bs = engine.config.block_size
+    bs = engine.config.cache_config.block_size
     full = req.num_computed // bs
     return len(engine.block_pool.lookup(block_hashes(req.all_token_ids, bs, full)))
 

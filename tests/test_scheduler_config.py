@@ -11,36 +11,36 @@ NAN = float("nan")
 
 
 @pytest.mark.parametrize("kw, error, match", [
-    (dict(max_num_batched_tokens=0), ValueError, r"max_num_batched_tokens=0 must be an integer >= 1"),
-    (dict(max_num_batched_tokens=True), TypeError, r"max_num_batched_tokens=True must be an integer, not a bool"),
-    (dict(max_num_batched_tokens=64.0), TypeError, r"max_num_batched_tokens=64.0 must be an integer, got float"),
-    (dict(max_num_seqs=-2), ValueError, r"max_num_seqs=-2 must be an integer >= 1"),
-    (dict(max_num_seqs="4"), TypeError, r"max_num_seqs='4' must be an integer, got str"),
-    (dict(enable_chunked_prefill="no"), TypeError, r"enable_chunked_prefill='no' must be True or False"),
-    (dict(enable_chunked_prefill=0), TypeError, r"enable_chunked_prefill=0 must be True or False"),
-    (dict(scheduler_reserve_full_isl="yes"), TypeError, r"^scheduler_reserve_full_isl='yes' must be True or False"),
-    (dict(policy="lifo"), ValueError, r"policy='lifo' is not one of \('fcfs', 'priority', 'conservative', 'static'\)"),
-    (dict(policy=None), ValueError, r"policy=None is not one of"),
-    (dict(priority_aging=NAN), ValueError, r"priority_aging=nan must be a finite number"),
-    (dict(priority_aging=-1.0), ValueError, r"priority_aging=-1.0 must be a number >= 0"),
-    (dict(priority_aging=True), TypeError, r"priority_aging=True must be a real number, got a bool"),
-    (dict(priority_aging="0.5"), TypeError, r"priority_aging='0.5' must be a real number, got str"),
-    (dict(init_new_token_ratio=0.0), ValueError, r"init_new_token_ratio=0.0 must be a number in \(0, 1\]"),
-    (dict(init_new_token_ratio=1.5), ValueError, r"init_new_token_ratio=1.5 must be a number in \(0, 1\]"),
-    (dict(min_new_token_ratio=NAN), ValueError, r"min_new_token_ratio=nan must be a finite number"),
-    (dict(min_new_token_ratio=0.0), ValueError, r"min_new_token_ratio=0.0 must be a number in \(0, 1\]"),
-    (dict(min_new_token_ratio=-0.1), ValueError, r"min_new_token_ratio=-0.1 must be a number in \(0, 1\]"),
-    (dict(min_new_token_ratio=0.8), ValueError, r"min_new_token_ratio=0.8 must be <= init_new_token_ratio=0.7"),
-    (dict(new_token_ratio_decay=-0.001), ValueError, r"new_token_ratio_decay=-0.001 must be a number in \[0, 1\]"),
-    (dict(new_token_ratio_decay=NAN), ValueError, r"new_token_ratio_decay=nan must be a finite number"),
-    (dict(retract_decode_steps=0), ValueError, r"retract_decode_steps=0 must be an integer >= 1"),
-    (dict(retract_decode_steps=False), TypeError, r"retract_decode_steps=False must be an integer, not a bool"),
+    (dict(max_num_batched_tokens=0), ValueError, r"max_num_batched_tokens=0"),
+    (dict(max_num_batched_tokens=True), TypeError, r"max_num_batched_tokens=True"),
+    (dict(max_num_batched_tokens=64.0), TypeError, r"max_num_batched_tokens=64.0"),
+    (dict(max_num_seqs=-2), ValueError, r"max_num_seqs=-2"),
+    (dict(max_num_seqs="4"), TypeError, r"max_num_seqs='4'"),
+    (dict(enable_chunked_prefill="no"), TypeError, r"enable_chunked_prefill='no'"),
+    (dict(enable_chunked_prefill=0), TypeError, r"enable_chunked_prefill=0"),
+    (dict(scheduler_reserve_full_isl="yes"), TypeError, r"^scheduler_reserve_full_isl='yes'"),
+    (dict(policy="lifo"), ValueError, r"policy='lifo'"),
+    (dict(policy=None), ValueError, r"policy=None"),
+    (dict(priority_aging=NAN), ValueError, r"priority_aging=nan"),
+    (dict(priority_aging=-1.0), ValueError, r"priority_aging=-1.0"),
+    (dict(priority_aging=True), TypeError, r"priority_aging=True"),
+    (dict(priority_aging="0.5"), TypeError, r"priority_aging='0.5'"),
+    (dict(init_new_token_ratio=0.0), ValueError, r"init_new_token_ratio=0.0"),
+    (dict(init_new_token_ratio=1.5), ValueError, r"init_new_token_ratio=1.5"),
+    (dict(min_new_token_ratio=NAN), ValueError, r"min_new_token_ratio=nan"),
+    (dict(min_new_token_ratio=0.0), ValueError, r"min_new_token_ratio=0.0"),
+    (dict(min_new_token_ratio=-0.1), ValueError, r"min_new_token_ratio=-0.1"),
+    (dict(min_new_token_ratio=0.8), ValueError, r"min_new_token_ratio=0.8.*init_new_token_ratio"),
+    (dict(new_token_ratio_decay=-0.001), ValueError, r"new_token_ratio_decay=-0.001"),
+    (dict(new_token_ratio_decay=NAN), ValueError, r"new_token_ratio_decay=nan"),
+    (dict(retract_decode_steps=0), ValueError, r"retract_decode_steps=0"),
+    (dict(retract_decode_steps=False), TypeError, r"retract_decode_steps=False"),
 ])
 def test_bad_scheduler_settings(kw, error, match):
     with pytest.raises(error, match=match):
         SchedulerConfig(**kw)
-    with pytest.raises(error, match=match):  # the engine's config and keywords check the same fields
-        EngineConfig(**kw)
+    with pytest.raises(error, match=match):  # the engine's flat settings reach the same check
+        EngineConfig.from_settings(**kw)
 
 
 def test_numpy_settings_are_fine_and_normalized(tiny):

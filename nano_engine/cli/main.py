@@ -48,9 +48,9 @@ def _check_fits(ap: argparse.ArgumentParser, args, prompts: list[list[int]], con
     """Refuse, before the model loads, a --max-tokens or --block-size that leaves a config's
     KV pool too small for the longest prompt and its output (the scheduler would refuse it
     only after the reference run). A request holds prompt + max_tokens - 1 slots at most."""
-    from ..engine import EngineConfig
+    from ..paged import CacheConfig
 
-    blocks = min(cfg.get("num_blocks", EngineConfig().num_blocks) for cfg in configs.values())
+    blocks = min(cfg.get("num_blocks", CacheConfig().num_blocks) for cfg in configs.values())
     longest = max(map(len, prompts))
     need = longest + args.max_tokens - 1
     if need > blocks * args.block_size:

@@ -31,11 +31,11 @@ def _port(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..engine import EngineConfig
     from ..models.loading import DTYPES
-    from ..scheduler import POLICIES
+    from ..paged import CacheConfig
+    from ..scheduler import POLICIES, SchedulerConfig
 
-    d = EngineConfig()
+    d, c = SchedulerConfig(), CacheConfig()
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prepack", action="store_true",
                     help="float32 only: reorder the matmul weights for oneDNN once at load time, as vLLM "
                          "does on CPU (faster; a second copy of the weights; Transformer.prepack)")
-    ap.add_argument("--attention-backend", choices=["torch", "c"], default=d.attention_backend,
+    ap.add_argument("--attention-backend", choices=["torch", "c"], default="torch",
                     help="torch: the chapters' PyTorch attention (default); c: decodes read the paged KV "
                          "blocks in place, a C++ kernel built on first use (float32 and bfloat16; the same "
                          "tokens; nano_engine/kernels/paged_decode.py)")
@@ -56,12 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-num-seqs", type=positive_int, default=d.max_num_seqs,
                     help=f"requests running at once (default {d.max_num_seqs})")
     ap.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
-                    default=d.enable_chunked_prefill)
+                    help="split long prompts across steps (default: on, but for --scheduling-policy static)")
     ap.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                    default=d.enable_prefix_caching)
-    ap.add_argument("--block-size", type=positive_int, default=d.block_size)
+                    default=c.enable_prefix_caching)
+    ap.add_argument("--block-size", type=positive_int, default=c.block_size)
     ap.add_argument("--num-gpu-blocks-override", "--num-kv-blocks", dest="num_blocks", type=positive_int,
-                    default=d.num_blocks, help=f"KV cache blocks (default {d.num_blocks}; vLLM's name)")
+                    default=c.num_blocks, help=f"KV cache blocks (default {c.num_blocks}; vLLM's name)")
     ap.add_argument("--scheduling-policy", choices=POLICIES, default="fcfs",
                     help="fcfs or priority as in vLLM (lower priority value first); also conservative "
                          "(SGLang's admission) and static")
@@ -79,13 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
 def engine_config(args) -> "EngineConfig":
     """The EngineConfig of serve's flags (ValueError names a bad value)."""
     from ..engine import EngineConfig
+    from ..paged import CacheConfig
+    from ..scheduler import SchedulerConfig
 
-    return EngineConfig(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-                        enable_chunked_prefill=args.enable_chunked_prefill,
-                        enable_prefix_caching=args.enable_prefix_caching, block_size=args.block_size,
-                        num_blocks=args.num_blocks, policy=args.scheduling_policy,
-                        scheduler_reserve_full_isl=args.scheduler_reserve_full_isl,
-                        attention_backend=args.attention_backend)
+    scheduler = SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+                                enable_chunked_prefill=args.enable_chunked_prefill, policy=args.scheduling_policy,
+                                scheduler_reserve_full_isl=args.scheduler_reserve_full_isl)
+    cache = CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
+                        enable_prefix_caching=args.enable_prefix_caching)
+    return EngineConfig(scheduler, cache, attention_backend=args.attention_backend)
 
 
 def served_name(args) -> str:
@@ -123,11 +125,11 @@ def run(ap: argparse.ArgumentParser, args) -> int:
         kernels.build()  # before the model loads: a missing compiler fails in a second, by name
     path = check_model(args.model)
 
-    def make_engine() -> LLMEngine:  # run in the engine thread: it alone runs torch (AsyncLLM.build)
+    def make_engine() -> LLMEngine:  # run in the engine thread: it alone runs torch (AsyncLLM)
         model = Transformer.from_pretrained(path, dtype=args.dtype, prepack=args.prepack)
         return LLMEngine(model, load_tokenizer(path), config)
 
-    llm = AsyncLLM.build(make_engine)
+    llm = AsyncLLM(make_engine)
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again: end with status 0 then.
     signal.signal(signal.SIGTERM, _exit_cleanly)
     try:

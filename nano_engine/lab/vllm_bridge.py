@@ -1,6 +1,6 @@
 """One set of settings, two engines: our EngineConfig as vLLM's engine arguments and command line.
 
-    >>> to_vllm(EngineConfig(max_num_batched_tokens=64, num_blocks=32))["num_gpu_blocks_override"]
+    >>> to_vllm(EngineConfig.from_settings(max_num_batched_tokens=64, num_blocks=32))["num_gpu_blocks_override"]
     32
     python -m nano_engine vllm-args --max-num-batched-tokens 64 --no-enable-prefix-caching
 
@@ -9,7 +9,7 @@ the same meaning: the token budget of a step, requests running at once, chunked 
 caching, the block size, the number of KV blocks (vLLM sizes its pool from memory unless
 `num_gpu_blocks_override` is set; on CPU from VLLM_CPU_KVCACHE_SPACE), the policy (fcfs or priority,
 lower value first in both). Our "conservative" and "static" policies have no vLLM counterpart.
-`SETTINGS` is the table of the README and chapter 4.7: each setting, vLLM's name and defaults, and
+`SETTINGS` is the table of docs/vllm.md and chapter 4.7: each setting, vLLM's name and defaults, and
 SGLang's nearest flag (`python/sglang/srt/server_args.py`).
 """
 
@@ -22,7 +22,7 @@ from ..engine import EngineConfig
 
 @dataclass(frozen=True)
 class Setting:
-    ours: str  # EngineConfig field (or serve's extra: dtype, max_model_len)
+    ours: str  # an EngineConfig setting (EngineConfig.from_settings), or serve's extra: dtype, max_model_len
     vllm: str  # vLLM EngineArgs field; its flag is --vllm-with-dashes
     vllm_gpu: str  # vLLM's default for the OpenAI server on a GPU
     vllm_cpu: str  # ... on a CPU (vllm-cpu, this machine)
@@ -63,13 +63,15 @@ def to_vllm(config: EngineConfig, dtype: str | None = None, max_model_len: int |
     """vLLM EngineArgs keywords for `config` (plus dtype and max_model_len when given)."""
     if not isinstance(config, EngineConfig):
         raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
-    if config.policy not in VLLM_POLICIES:
-        raise ValueError(f"policy={config.policy!r} has no vLLM counterpart (vLLM's scheduling_policy is one "
-                         f"of {VLLM_POLICIES}); {config.policy} exists here to compare with SGLang and with "
+    sched, cache = config.scheduler_config, config.cache_config
+    if sched.policy not in VLLM_POLICIES:
+        raise ValueError(f"policy={sched.policy!r} has no vLLM counterpart (vLLM's scheduling_policy is one "
+                         f"of {VLLM_POLICIES}); {sched.policy} exists here to compare with SGLang and with "
                          f"static batching")
-    args = {VLLM_NAME[name]: getattr(config, name) for name in
-            ("max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "enable_prefix_caching",
-             "block_size", "num_blocks", "policy", "scheduler_reserve_full_isl")}
+    args = {VLLM_NAME[name]: getattr(part, name) for part, names in
+            ((sched, ("max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill")),
+             (cache, ("enable_prefix_caching", "block_size", "num_blocks")),
+             (sched, ("policy", "scheduler_reserve_full_isl"))) for name in names}
     if dtype is not None:
         args["dtype"] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
         if args["dtype"] not in VLLM_DTYPES:
@@ -97,7 +99,7 @@ def vllm_command(config: EngineConfig, model: str, *, dtype: str | None = None, 
 
 
 def settings_table() -> str:
-    """The settings table (Markdown) of the README and chapter 4.7."""
+    """The settings table (Markdown) of docs/vllm.md and chapter 4.7."""
     rows = ["| nano_engine | vLLM | vLLM default, GPU server | vLLM default, CPU server | SGLang nearest |",
             "| --- | --- | --- | --- | --- |"]
     rows += [f"| `{s.ours}` | `--{s.vllm.replace('_', '-')}` | {s.vllm_gpu} | {s.vllm_cpu} | {s.sglang} |"

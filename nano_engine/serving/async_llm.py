@@ -72,6 +72,23 @@ class _Stream:
     num_sent: int = 0  # output tokens already handed out
 
 
+@dataclass
+class _Add:
+    """A command to the engine thread: add this request, then settle `accepted` (None or the refusal)."""
+    stream: _Stream
+    prompt_ids: Sequence[int]
+    params: SamplingParams | None
+    priority: int
+    cache_salt: str | None
+    accepted: asyncio.Future
+
+
+@dataclass
+class _Abort:
+    """A command to the engine thread: abort this request, if the engine still has it unfinished."""
+    request_id: str
+
+
 class RequestStream:
     """The outputs of one request, as an async iterator. Leaving it early aborts the request:
     use `async with`, or call `abort()` in a `finally`."""
@@ -97,7 +114,7 @@ class RequestStream:
         """Stop the request and free its blocks (nothing happens once it has finished)."""
         if not self.finished:
             self.finished = True
-            self._owner._submit(("abort", self.request_id))
+            self._owner._submit(_Abort(self.request_id))
 
     async def __aenter__(self) -> "RequestStream":
         return self
@@ -113,40 +130,39 @@ class AsyncLLM:
     server's metrics use it). `shutdown()` stops the thread; unfinished requests end with "abort".
     """
 
-    def __init__(self, engine: LLMEngine, tokenizer=None,
+    def __init__(self, engine: LLMEngine | Callable[[], LLMEngine],
                  on_output: Callable[[RequestOutput], None] | None = None):
-        if not isinstance(engine, LLMEngine):
-            raise TypeError(f"engine must be an LLMEngine, got {type(engine).__name__}")
-        self._init_state(on_output)
-        self._attach(engine, tokenizer)
-        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
-        self._thread.start()
+        """`engine`: an LLMEngine, or a function that makes one, called in the engine thread (load
+        the model there); whatever it raises is raised here, and no thread is left behind.
 
-    @classmethod
-    def build(cls, make_engine: Callable[[], LLMEngine], tokenizer=None,
-              on_output: Callable[[RequestOutput], None] | None = None) -> "AsyncLLM":
-        """Call `make_engine()` in the engine thread (load the model there), then serve its engine.
-
-        Use this where speed matters (the server does). torch runs its operators on OpenMP, and
-        GNU OpenMP keeps a team of worker threads for every thread that ever ran a parallel
+        Pass a function where speed matters (the server does). torch runs its operators on OpenMP,
+        and GNU OpenMP keeps a team of worker threads for every thread that ever ran a parallel
         region. Once there are more such workers than cores, each one sleeps at the end of every
         region instead of spinning, and waking them costs time in every one of a step's hundreds
         of operators. A model loaded on the caller's thread and stepped on the engine thread
-        leaves two teams behind: on 2 cores that made a decode step about twice as long. Built
-        here, the engine thread is the only one that runs torch (as vLLM's EngineCore process
-        loads and steps its model in one thread). Whatever `make_engine` raises is raised here,
-        and no thread is left behind.
+        leaves two teams behind: on 2 cores that made a decode step about twice as long. Made in
+        the engine thread, it is the only one that runs torch (as vLLM's EngineCore process loads
+        and steps its model in one thread).
         """
-        self = cls.__new__(cls)
-        self._init_state(on_output)
+        if not (isinstance(engine, LLMEngine) or callable(engine)):
+            raise TypeError(f"engine must be an LLMEngine or a function that makes one, got {type(engine).__name__}")
+        self._listeners: list[Callable[[RequestOutput], None]] = [on_output] if on_output else []
+        self.engine: LLMEngine | None = None  # set by the engine thread before anything else runs
+        self._cond = threading.Condition()
+        self._commands: deque[_Add | _Abort] = deque()
+        self._streams: dict[str, _Stream] = {}  # engine thread only
+        self._ids = itertools.count()
+        self._stopping = False
+        self.dead: BaseException | None = None  # why the engine thread stopped, if it did
+        self.num_wakeups = 0  # turns of the engine loop: flat while idle (no busy spin)
         ready, failure = threading.Event(), []
 
-        def load_then_run() -> None:
+        def make_then_run() -> None:
             try:
-                engine = make_engine()
-                if not isinstance(engine, LLMEngine):
-                    raise TypeError(f"make_engine must return an LLMEngine, got {type(engine).__name__}")
-                self._attach(engine, tokenizer)
+                made = engine if isinstance(engine, LLMEngine) else engine()
+                if not isinstance(made, LLMEngine):
+                    raise TypeError(f"the engine function must return an LLMEngine, got {type(made).__name__}")
+                self.engine = made
             except BaseException as e:
                 failure.append(e)
                 return
@@ -154,32 +170,27 @@ class AsyncLLM:
                 ready.set()
             self._run()
 
-        self._thread = threading.Thread(target=load_then_run, name=THREAD_NAME, daemon=True)
+        self._thread = threading.Thread(target=make_then_run, name=THREAD_NAME, daemon=True)
         self._thread.start()
         ready.wait()
         if failure:
             self._thread.join()
             raise failure[0]
-        return self
 
-    def _init_state(self, on_output) -> None:
-        self.on_output = on_output
-        self._cond = threading.Condition()
-        self._commands: deque = deque()
-        self._streams: dict[str, _Stream] = {}  # engine thread only
-        self._ids = itertools.count()
-        self._stopping = False
-        self.dead: BaseException | None = None  # why the engine thread stopped, if it did
-        self.num_wakeups = 0  # turns of the engine loop: flat while idle (no busy spin)
+    def subscribe(self, on_output: Callable[[RequestOutput], None]) -> None:
+        """Call `on_output(output)` in the engine thread for every output from now on."""
+        with self._cond:
+            self._listeners = [*self._listeners, on_output]  # a new list: the engine thread may be reading
 
-    def _attach(self, engine: LLMEngine, tokenizer) -> None:
-        self.engine = engine
-        if tokenizer is not None and engine.tokenizer is None:
-            engine.tokenizer = tokenizer  # the engine needs it for stop strings
-        self.tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
-        # Fast tokenizers are not safe to call from two threads at once ("Already borrowed"):
-        # the server encodes on the event loop while the engine thread decodes. One lock, the engine's.
-        self.tokenizer_lock = engine.tokenizer_lock
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def tokenizer_lock(self) -> threading.Lock:
+        """Fast tokenizers are not safe to call from two threads at once ("Already borrowed"): the
+        server encodes on the event loop while the engine thread decodes. One lock, the engine's."""
+        return self.engine.tokenizer_lock
 
     # ----- the callers' side (event loop) -----
     async def add_request(self, prompt_ids: Sequence[int], sampling_params: SamplingParams | None = None,
@@ -194,11 +205,11 @@ class AsyncLLM:
         queue: asyncio.Queue = asyncio.Queue()
         accepted = loop.create_future()
         stream = _Stream(request_id, loop, queue, None)
-        self._submit(("add", stream, (prompt_ids, sampling_params, request_id, priority, cache_salt), accepted))
+        self._submit(_Add(stream, prompt_ids, sampling_params, priority, cache_salt, accepted))
         try:
             await accepted
         except asyncio.CancelledError:
-            self._submit(("abort", request_id))  # it may have been added meanwhile
+            self._submit(_Abort(request_id))  # it may have been added meanwhile
             raise
         return RequestStream(self, request_id, queue)
 
@@ -210,7 +221,7 @@ class AsyncLLM:
             async for out in stream:
                 yield out
 
-    def _submit(self, command: tuple) -> None:
+    def _submit(self, command: _Add | _Abort) -> None:
         with self._cond:
             self._commands.append(command)
             self._cond.notify()
@@ -256,16 +267,17 @@ class AsyncLLM:
         finally:
             self._close_all()
 
-    def _apply(self, command: tuple) -> None:
-        if command[0] == "abort":
-            if command[1] in self.engine.requests:
-                self.engine.abort(command[1])
+    def _apply(self, command: _Add | _Abort) -> None:
+        if isinstance(command, _Abort):
+            if command.request_id in self.engine.requests:
+                self.engine.abort(command.request_id)
             return
-        _, stream, (prompt_ids, params, request_id, priority, cache_salt), accepted = command
+        stream, request_id = command.stream, command.stream.request_id
         try:
-            self.engine.add_request(prompt_ids, params, request_id, priority=priority, cache_salt=cache_salt)
+            self.engine.add_request(command.prompt_ids, command.params, request_id, priority=command.priority,
+                                    cache_salt=command.cache_salt)
         except Exception as e:
-            stream.loop.call_soon_threadsafe(_settle, accepted, e)
+            stream.loop.call_soon_threadsafe(_settle, command.accepted, e)
             return
         # Text: the engine's detokenizer for a request with stop strings, else one of our own.
         req = self.engine.requests[request_id]
@@ -274,7 +286,7 @@ class AsyncLLM:
         elif self.tokenizer is not None:
             stream.detokenizer = IncrementalDetokenizer(self.tokenizer)
         self._streams[request_id] = stream
-        stream.loop.call_soon_threadsafe(_settle, accepted, None)
+        stream.loop.call_soon_threadsafe(_settle, command.accepted, None)
 
     def _publish(self) -> None:
         """Hand every request's new tokens (and text) to its caller; release the finished."""
@@ -291,10 +303,12 @@ class AsyncLLM:
                 text = detok.take_delta(finished=req.is_finished)
             sp = req.sampling_params
             out = RequestOutput(
-                rid, list(new_ids), text, list(req.token_times[stream.num_sent:]), req.num_prompt_tokens,
-                max(req.num_cached_tokens, 0), len(req.output_ids), req.arrival_time,
-                req.is_finished, req.finish_reason, req.stop_reason if req.is_finished else None,
-                list(req.logprobs[stream.num_sent:]) if sp.logprobs is not None else None)
+                request_id=rid, new_token_ids=list(new_ids), new_text=text,
+                token_times=list(req.token_times[stream.num_sent:]), num_prompt_tokens=req.num_prompt_tokens,
+                num_cached_tokens=max(req.num_cached_tokens, 0), num_output_tokens=len(req.output_ids),
+                arrival_time=req.arrival_time, finished=req.is_finished, finish_reason=req.finish_reason,
+                stop_reason=req.stop_reason if req.is_finished else None,
+                logprobs=list(req.logprobs[stream.num_sent:]) if sp.logprobs is not None else None)
             stream.num_sent = len(req.output_ids)
             if req.is_finished:
                 self.engine.release(rid)
@@ -302,25 +316,26 @@ class AsyncLLM:
             self._deliver(stream, out)
 
     def _deliver(self, stream: _Stream, item) -> None:
-        if self.on_output is not None and isinstance(item, RequestOutput):
-            try:
-                self.on_output(item)
-            except Exception:
-                logger.exception("on_output failed")
+        if isinstance(item, RequestOutput):
+            for listener in self._listeners:
+                try:
+                    listener(item)
+                except Exception:
+                    logger.exception("on_output failed")
         try:
             stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
         except RuntimeError:  # the caller's event loop is closed: nobody is listening
             if isinstance(item, RequestOutput) and not item.finished:
                 # As a cancelled caller's abort: applied in the next turn, whose _publish then
                 # hands out its "abort" output (on_output counts it) and releases it.
-                self._submit(("abort", stream.request_id))
+                self._submit(_Abort(stream.request_id))
 
     def _close_all(self) -> None:
         """On shutdown (or a crash): abort what is left, tell every caller, refuse queued adds."""
         for command in list(self._commands):
-            if command[0] == "add":
-                command[1].loop.call_soon_threadsafe(
-                    _settle, command[3], EngineDeadError("the engine shut down before the request was added"))
+            if isinstance(command, _Add):
+                command.stream.loop.call_soon_threadsafe(
+                    _settle, command.accepted, EngineDeadError("the engine shut down before the request was added"))
         self._commands.clear()
         for rid in list(self._streams):
             try:

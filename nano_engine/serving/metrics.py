@@ -83,7 +83,7 @@ class ServingMetrics:
 
     def attach(self, llm: AsyncLLM) -> None:
         self.registry.register(_EngineState(llm, self.model_name))
-        llm.on_output = self.observe
+        llm.subscribe(self.observe)
 
     def observe(self, out: RequestOutput) -> None:
         v = self._values

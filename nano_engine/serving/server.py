@@ -23,7 +23,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .async_llm import AsyncLLM, EngineDeadError, RequestOutput, RequestStream
-from ..detokenizer import check_stop
 from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, check_supported, param_of,
                        validation_error)
 from ..request import SamplingParams
@@ -60,11 +59,12 @@ class OpenAIServing:
         engine = llm.engine
         self.tokenizer = llm.tokenizer
         self.max_model_len = engine.model.config.max_position_embeddings
-        cfg = engine.config
+        cache = engine.config.cache_config
         # The most KV slots one request can hold: a default max_tokens must fit them.
-        self.capacity = cfg.num_blocks * cfg.block_size
-        if not cfg.enable_chunked_prefill:
-            self.capacity = min(self.capacity, cfg.max_num_batched_tokens)
+        self.capacity = cache.num_blocks * cache.block_size
+        sched = engine.config.scheduler_config
+        if not sched.enable_chunked_prefill:
+            self.capacity = min(self.capacity, sched.max_num_batched_tokens)
         self.created = int(time.time())
 
     # ----- requests in -----
@@ -93,8 +93,8 @@ class OpenAIServing:
                 return list(self.tokenizer(prompt)["input_ids"]), "prompt"
             return list(prompt), "prompt"
 
-    def _sampling_params(self, req, num_prompt: int, prompt_param: str,
-                         stop: tuple[str, ...]) -> tuple[SamplingParams, str]:
+    def _sampling_params(self, req, num_prompt: int, prompt_param: str) -> tuple[SamplingParams, str]:
+        """The request's SamplingParams, which check every value (a refusal names its field)."""
         max_tokens, max_param = req.max_tokens, "max_tokens"
         if getattr(req, "max_completion_tokens", None) is not None:
             max_tokens, max_param = req.max_completion_tokens, "max_completion_tokens"
@@ -119,7 +119,7 @@ class OpenAIServing:
                 min_p=_or(req.min_p, 0.0), repetition_penalty=_or(req.repetition_penalty, 1.0),
                 presence_penalty=_or(req.presence_penalty, 0.0), frequency_penalty=_or(req.frequency_penalty, 0.0),
                 logit_bias=_logit_bias(req.logit_bias), min_tokens=req.min_tokens, logprobs=_num_logprobs(req),
-                stop=stop, include_stop_str_in_output=req.include_stop_str_in_output)
+                stop=req.stop or (), include_stop_str_in_output=req.include_stop_str_in_output)
         except (TypeError, ValueError) as e:
             raise APIError(str(e), param_of(e, {"max_tokens": max_param})) from e
         return params, max_param
@@ -127,15 +127,12 @@ class OpenAIServing:
     async def _start(self, req, kind: str) -> tuple[RequestStream, int]:
         self._check_model(req)
         check_supported(req)
-        try:
-            stop = check_stop(req.stop or ())
-        except (TypeError, ValueError) as e:
-            raise APIError(str(e), "stop") from e
         ids, prompt_param = self._prompt_ids(req)
-        params, max_param = self._sampling_params(req, len(ids), prompt_param, stop)
-        if req.priority != 0 and self.llm.engine.config.policy != "priority":
+        params, max_param = self._sampling_params(req, len(ids), prompt_param)
+        policy = self.llm.engine.config.scheduler_config.policy
+        if req.priority != 0 and policy != "priority":
             raise APIError(f"priority={req.priority} needs --scheduling-policy priority (this server runs "
-                           f"{self.llm.engine.config.policy})", "priority")
+                           f"{policy})", "priority")
         rid = f"{kind}-{uuid.uuid4().hex}"
         try:
             stream = await self.llm.add_request(ids, params, rid, priority=req.priority, cache_salt=req.cache_salt)
