@@ -1,4 +1,4 @@
-"""benchmark_metrics: vLLM's serving metrics on hand-made timestamp traces.
+"""benchmarks/metrics.py: vLLM's serving metrics on hand-made timestamp traces.
 
 Every expected figure is worked out by hand in this file (sorted lists, linear interpolation, the
 population std written out), never by calling the module under test.
@@ -9,10 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from nano_engine.benchmarks.metrics import (
-    BenchmarkMetrics, RequestRecord, calculate_metrics, format_metrics, parse_goodput,
-)
-from helpers import whole
+from nano_engine.benchmarks.metrics import RequestRecord, calculate_metrics, format_metrics, parse_goodput
 
 approx = pytest.approx
 
@@ -133,16 +130,20 @@ def test_all_failed_gives_zeros_not_an_error():
     assert m.e2el.mean_ms == 0
 
 
-def test_to_dict_uses_vllms_result_keys():
-    d = calculate_metrics(trace(), 4.0, goodput_slos={"ttft": 500}, percentiles=(50, 99, 99.9)).to_dict()
+def test_to_dict_uses_vllms_result_keys_and_carries_every_statistic():
+    m = calculate_metrics(trace(), 4.0, goodput_slos={"ttft": 500}, percentiles=(50, 99, 99.9))
+    d = m.to_dict()
     head = ["duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
             "request_throughput", "request_goodput", "output_throughput", "total_token_throughput"]
     per_metric = [f"{s}_{name}_ms" for name in ("ttft", "tpot", "itl", "e2el")
                   for s in ("mean", "median", "std", "p50", "p99", "p99.9")]
-    assert list(d) == head + per_metric
-    assert d["request_goodput"] == approx(0.5)
-    assert d["p99.9_ttft_ms"] == approx((0.5 + 0.998 * 0.5) * 1000)  # rank 1.998
-    assert d["total_input_tokens"] == 20 and d["mean_itl_ms"] == approx(375)
+    assert set(d) == set(head + per_metric)
+    assert d["request_goodput"] == approx(0.5) and d["total_input_tokens"] == 20
+    assert d["p99.9_ttft_ms"] == approx((0.5 + 0.998 * 0.5) * 1000)  # rank 1.998: a float percentile keeps its name
+    for name in ("ttft", "tpot", "itl", "e2el"):
+        s = getattr(m, name)
+        assert (d[f"mean_{name}_ms"], d[f"median_{name}_ms"], d[f"std_{name}_ms"]) == (s.mean_ms, s.median_ms, s.std_ms)
+        assert (d[f"p50_{name}_ms"], d[f"p99_{name}_ms"]) == (s.percentiles_ms[50], s.percentiles_ms[99])
     assert calculate_metrics(trace(), 4.0).to_dict()["request_goodput"] is None
 
 
@@ -197,80 +198,64 @@ def test_format_metrics_prints_vllms_table():
 def test_parse_goodput():
     assert parse_goodput("ttft:500 tpot:50") == {"ttft": 500.0, "tpot": 50.0}
     assert parse_goodput(["e2el:2000"]) == {"e2el": 2000.0}
-    for bad, named in [("ttft=500", "ttft=500"), ("ttft:fast", "ttft:fast"), ("itl:50", "itl"),
-                       ("ttft:-1", "ttft"), ("ttft:1:2", "ttft:1:2")]:
-        with pytest.raises(ValueError, match=named):
-            parse_goodput(bad)
+    assert parse_goodput(("tpot:0", "ttft:1.5")) == {"tpot": 0.0, "ttft": 1.5}
+    assert parse_goodput("") == {}
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(end=-1.0, chunk_times=[], success=False), "end must be >= start"),
-    (dict(chunk_times=[0.5, 0.25]), "chunk_times"),
-    (dict(chunk_times=[-0.5]), "chunk_times"),      # before start
-    (dict(chunk_times=[0.5, 2.0]), "chunk_times"),  # after end
-    (dict(output_tokens=-1), "output_tokens"),
-    (dict(chunk_times=[]), "chunk time"),           # a success without a first chunk has no TTFT
-    (dict(start=float("nan")), "start"),
+@pytest.mark.parametrize("spec, error, named", [
+    ("ttft=500", ValueError, "'ttft=500'"), ("ttft:fast", ValueError, "ttft:fast"), ("ttft:1:2", ValueError, "ttft:1:2"),
+    (["ttft:5", 3], ValueError, "3"), ("itl:50", ValueError, "'itl'"), ("ttft:-1", ValueError, "ttft.*-1"),
+    ("e2el:inf", ValueError, "e2el.*inf"), (5, TypeError, "goodput"),
 ])
-def test_a_record_refuses_impossible_timestamps(kwargs, field):
-    base = dict(start=0.0, chunk_times=[0.5], end=1.0, prompt_tokens=1, output_tokens=1)
-    with pytest.raises(ValueError, match=field):
-        RequestRecord(**{**base, **kwargs})
-
-
-def test_calculate_metrics_refuses_bad_arguments_naming_them():
-    for duration in (-1.0, 0, float("inf")):
-        with pytest.raises(ValueError, match="duration"):
-            calculate_metrics(trace(), duration)
-    for p in (-1, 100.5):
-        with pytest.raises(ValueError, match="percentiles"):
-            calculate_metrics(trace(), 4.0, percentiles=(50, p))
-    with pytest.raises(ValueError, match="'itl'"):
-        calculate_metrics(trace(), 4.0, goodput_slos={"itl": 50})
-    recs = trace()
-    recs[2].chunk_times = [3.5, 3.0]  # edited after construction: checked again, with its index
-    with pytest.raises(ValueError, match=r"records\[2\]\.chunk_times"):
-        calculate_metrics(recs, 4.0)
-    with pytest.raises(TypeError, match=r"records\[0\]"):
-        calculate_metrics([{"start": 0}], 4.0)
-
-
-def test_metrics_is_vllms_dataclass_shape():
-    m = calculate_metrics(trace(), 4.0)
-    assert isinstance(m, BenchmarkMetrics)
-    assert set(m.ttft.percentiles_ms) == {50, 90, 99}
+def test_parse_goodput_names_the_bad_part(spec, error, named):
+    with pytest.raises(error, match=named):
+        parse_goodput(spec)
 
 
 BASE = dict(start=0.0, chunk_times=[0.5], end=1.0, prompt_tokens=1, output_tokens=1)
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    (dict(start=float("nan")), ValueError, "RequestRecord.start must be a finite number of seconds, got nan"),
-    (dict(end=float("inf")), ValueError, "RequestRecord.end must be a finite number of seconds, got inf"),
-    (dict(start=True), ValueError, "RequestRecord.start must be a finite number of seconds, got True"),
-    (dict(start="0"), ValueError, "RequestRecord.start must be a finite number of seconds, got '0'"),
-    (dict(end=-1.0, chunk_times=[], success=False), ValueError,
-     "RequestRecord.end must be >= start, got end=-1.0 < start=0.0"),
-    (dict(chunk_times="0.5"), TypeError, "RequestRecord.chunk_times must be a list of floats, got str"),
-    (dict(chunk_times=[0.5, float("nan")]), ValueError,
-     "RequestRecord.chunk_times[1] must be a finite number, got nan"),
-    (dict(chunk_times=[0.5, "0.75"]), ValueError,
-     "RequestRecord.chunk_times[1] must be a finite number, got '0.75'"),
-    (dict(chunk_times=[-0.5]), ValueError,
-     "RequestRecord.chunk_times must be sorted and >= start: chunk_times[0]=-0.5 < start"),
-    (dict(chunk_times=[0.5, 0.75, 0.25]), ValueError,
-     "RequestRecord.chunk_times must be sorted and >= start: chunk_times[2]=0.25 < chunk_times[1]=0.75"),
-    (dict(chunk_times=[0.5, 0.75, 2.0]), ValueError, "RequestRecord.chunk_times[-1]=2.0 is after end=1.0"),
-    (dict(prompt_tokens=-1), ValueError, "RequestRecord.prompt_tokens must be an int >= 0, got -1"),
-    (dict(output_tokens=1.0), ValueError, "RequestRecord.output_tokens must be an int >= 0, got 1.0"),
-    (dict(output_tokens=True), ValueError, "RequestRecord.output_tokens must be an int >= 0, got True"),
-    (dict(success=1), TypeError, "RequestRecord.success must be a bool, got 1"),
-    (dict(chunk_times=[]), ValueError,
-     "RequestRecord: a successful request needs at least one chunk time (its TTFT), got none"),
+@pytest.mark.parametrize("kwargs, error, field", [
+    (dict(start=float("nan")), ValueError, "start.*nan"),
+    (dict(start=True), ValueError, "start.*True"),
+    (dict(end=float("inf")), ValueError, "end.*inf"),
+    (dict(end=-1.0, chunk_times=[], success=False), ValueError, "end must be >= start"),
+    (dict(chunk_times="0.5"), TypeError, "chunk_times"),
+    (dict(chunk_times=[0.5, float("nan")]), ValueError, r"chunk_times\[1\]"),
+    (dict(chunk_times=[-0.5]), ValueError, "chunk_times.*start"),               # before start
+    (dict(chunk_times=[0.5, 0.75, 0.25]), ValueError, r"chunk_times\[2\]"),    # unsorted
+    (dict(chunk_times=[0.5, 0.75, 2.0]), ValueError, "chunk_times.*end"),      # after end
+    (dict(prompt_tokens=-1), ValueError, "prompt_tokens"),
+    (dict(output_tokens=True), ValueError, "output_tokens"),
+    (dict(success=1), TypeError, "success"),
+    (dict(chunk_times=[]), ValueError, "chunk time"),  # a success without a first chunk has no TTFT
 ])
-def test_a_records_error_names_the_field_value_and_rule_whole(kwargs, error, message):
-    with pytest.raises(error, match=whole(message)):
+def test_a_record_refuses_impossible_values_naming_the_field(kwargs, error, field):
+    with pytest.raises(error, match=field):
         RequestRecord(**{**BASE, **kwargs})
+
+
+@pytest.mark.parametrize("kwargs, error, named", [
+    (dict(duration=0), ValueError, "duration"), (dict(duration=float("inf")), ValueError, "duration"),
+    (dict(duration=True), ValueError, "duration"),
+    (dict(duration=4.0, percentiles=(50, -1)), ValueError, "percentiles.*-1"),
+    (dict(duration=4.0, percentiles=(50, 100.5)), ValueError, "percentiles.*100.5"),
+    (dict(duration=4.0, goodput_slos=[("ttft", 5)]), TypeError, "goodput_slos"),
+    (dict(duration=4.0, goodput_slos={"ttft": True}), ValueError, "ttft"),
+    (dict(duration=4.0, goodput_slos={"itl": 50}), ValueError, "'itl'"),
+])
+def test_calculate_metrics_refuses_bad_arguments_naming_them(kwargs, error, named):
+    with pytest.raises(error, match=named):
+        calculate_metrics(trace(), **kwargs)
+
+
+def test_calculate_metrics_names_the_record_that_is_wrong():
+    with pytest.raises(TypeError, match=r"records\[1\]"):
+        calculate_metrics([trace()[0], {"start": 0}], 4.0)
+    recs = trace()
+    recs[2].chunk_times = [3.5, 3.0]  # edited after construction: checked again, with its index
+    with pytest.raises(ValueError, match=r"records\[2\]\.chunk_times"):
+        calculate_metrics(recs, 4.0)
 
 
 def test_a_record_takes_edge_values_and_numpy_numbers():
@@ -283,66 +268,8 @@ def test_a_record_takes_edge_values_and_numpy_numbers():
     assert calculate_metrics([r], duration=np.float64(2.0)).total_input == 3
 
 
-@pytest.mark.parametrize("spec, error, message", [
-    ("ttft=500", ValueError,
-     "goodput: 'ttft=500' is not NAME:MS (a metric name and a number of milliseconds), e.g. 'ttft:500'"),
-    (["ttft:5", 3], ValueError,
-     "goodput: 3 is not NAME:MS (a metric name and a number of milliseconds), e.g. 'ttft:500'"),
-    ("itl:50", ValueError, "goodput SLO name 'itl' is unknown; allowed: ttft, tpot, e2el"),
-    ("ttft:-1", ValueError, "goodput SLO ttft must be a finite number of ms >= 0, got -1.0"),
-    ("e2el:inf", ValueError, "goodput SLO e2el must be a finite number of ms >= 0, got inf"),
-    (5, TypeError, "goodput must be a str or a list of 'NAME:MS' strings, got int"),
-])
-def test_parse_goodput_messages_whole(spec, error, message):
-    with pytest.raises(error, match=whole(message)):
-        parse_goodput(spec)
-
-
-def test_parse_goodput_takes_a_tuple_and_a_zero_slo():
-    assert parse_goodput(("tpot:0", "ttft:1.5")) == {"tpot": 0.0, "ttft": 1.5}
-    assert parse_goodput("") == {}
-
-
-@pytest.mark.parametrize("kwargs, error, message", [
-    (dict(duration=0), ValueError, "duration must be a finite number of seconds > 0, got 0"),
-    (dict(duration=True), ValueError, "duration must be a finite number of seconds > 0, got True"),
-    (dict(duration=float("nan")), ValueError, "duration must be a finite number of seconds > 0, got nan"),
-    (dict(duration=4.0, percentiles=(50, 101)), ValueError,
-     "percentiles must be numbers in 0..100, got 101 in [50, 101]"),
-    (dict(duration=4.0, percentiles=(50, "9")), ValueError,
-     "percentiles must be numbers in 0..100, got '9' in [50, '9']"),
-    (dict(duration=4.0, goodput_slos=[("ttft", 5)]), TypeError,
-     "goodput_slos must be a dict like {'ttft': 500.0}, got list"),
-    (dict(duration=4.0, goodput_slos={"ttft": True}), ValueError,
-     "goodput SLO ttft must be a finite number of ms >= 0, got True"),
-    (dict(duration=4.0, goodput_slos={"ttft": 5, "ITL": 5}), ValueError,
-     "goodput SLO name 'ITL' is unknown; allowed: ttft, tpot, e2el"),
-])
-def test_calculate_metrics_messages_whole(kwargs, error, message):
-    with pytest.raises(error, match=whole(message)):
-        calculate_metrics(trace(), **kwargs)
-
-
-def test_calculate_metrics_names_the_record_that_is_not_one():
-    with pytest.raises(TypeError, match=whole("records[1] must be a RequestRecord, got dict")):
-        calculate_metrics([trace()[0], {"start": 0}], 4.0)
-    recs = trace()
-    recs[1].output_tokens = -2
-    with pytest.raises(ValueError, match=whole("records[1].output_tokens must be an int >= 0, got -2")):
-        calculate_metrics(recs, 4.0)
-
-
 def test_a_two_token_request_has_a_tpot():
     # The smallest request with a TPOT: its one gap after the first token, over 2 - 1 tokens.
     r = RequestRecord(start=0.0, chunk_times=[0.25, 1.0], end=1.0, prompt_tokens=1, output_tokens=2)
     assert calculate_metrics([r], 1.0).tpot.mean_ms == approx(750)
 
-
-def test_to_dict_carries_every_statistic_and_float_percentiles_keep_their_name():
-    m = calculate_metrics(trace(), 4.0, percentiles=(50.0, 99.5))
-    d = m.to_dict()
-    for name in ("ttft", "tpot", "itl", "e2el"):
-        s = getattr(m, name)
-        assert (d[f"mean_{name}_ms"], d[f"median_{name}_ms"], d[f"std_{name}_ms"]) == (s.mean_ms, s.median_ms, s.std_ms)
-        assert (d[f"p50_{name}_ms"], d[f"p99.5_{name}_ms"]) == (s.percentiles_ms[50.0], s.percentiles_ms[99.5])
-    assert d["median_ttft_ms"] == approx(500) and d["std_itl_ms"] == approx(125)

@@ -1,8 +1,10 @@
-"""`python -m nano_engine`: every failure is one line on stderr naming the problem, exit 2 for a
-bad argument (before anything loads), 1 for a model that does not load; and the library raises
-the same ModelLoadError. The broken models are tiny files built in tmp_path (tiny_files.py)."""
+"""`python -m nano_engine` (nano_engine/cli/main.py, cli/common.py): every failure is one line on
+stderr naming the problem, exit 2 for a bad argument (before anything loads), 1 for a model that
+does not load; and the library raises the same ModelLoadError. The broken models are tiny files
+built in tmp_path (tiny_files.py)."""
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -49,20 +51,17 @@ def cli(capsys, *argv):
 
 # ----- bad arguments: exit 2 before anything is loaded -----
 
-@pytest.mark.parametrize("argv, message", [
-    (["--max-tokens", "0"], "argument --max-tokens: 0 must be at least 1"),
-    (["--max-tokens", "-3"], "argument --max-tokens: -3 must be at least 1"),
-    (["--max-tokens", "many"], "argument --max-tokens: 'many' is not an integer"),
-    (["--block-size", "0"], "argument --block-size: 0 must be at least 1"),
-    (["--max-num-seqs", "0"], "argument --max-num-seqs: 0 must be at least 1"),
-    (["--threads", "0"], "argument --threads: 0 must be at least 1"),
-    (["--prompt", ""], "argument --prompt: the message is empty"),
-    (["--prompt", "hi", "--prompt", "  "], "argument --prompt: the message is empty"),
-    (["--dtype", "int8"], "argument --dtype: invalid choice: 'int8' (choose from 'float32', 'fp32', "
-                          "'bfloat16', 'bf16', 'float16', 'fp16', 'float64')"),
-    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+@pytest.mark.parametrize("argv, named", [
+    (["--max-tokens", "0"], "--max-tokens: 0"),
+    (["--max-tokens", "many"], "--max-tokens: 'many'"),
+    (["--block-size", "0"], "--block-size: 0"),
+    (["--max-num-seqs", "0"], "--max-num-seqs: 0"),
+    (["--threads", "0"], "--threads: 0"),
+    (["--prompt", "hi", "--prompt", "  "], "--prompt: .*empty"),
+    (["--dtype", "int8"], "--dtype: invalid choice: 'int8'"),
+    (["--no-such-flag"], "--no-such-flag"),
 ])
-def test_bad_argument_exits_2_before_any_load(capsys, monkeypatch, argv, message):
+def test_bad_argument_exits_2_before_any_load(capsys, monkeypatch, argv, named):
     def no_load(*args, **kwargs):
         raise AssertionError("a model was loaded before the arguments were checked")
 
@@ -70,29 +69,46 @@ def test_bad_argument_exits_2_before_any_load(capsys, monkeypatch, argv, message
     monkeypatch.setattr(Transformer, "from_pretrained", no_load)
     code, out, err = cli(capsys, *argv)
     assert code == 2 and out == ""
-    assert err[0].startswith("usage: python -m nano_engine") and err[-1] == PREFIX + message
+    assert err[0].startswith("usage: python -m nano_engine") and err[-1].startswith(PREFIX)
+    assert re.search(named, err[-1]), err[-1]
 
 
-def test_output_too_long_for_the_smallest_pool_exits_2_before_the_model_loads(capsys, good, monkeypatch):
+def test_output_too_long_for_the_smallest_pool_exits_2_before_the_model_loads_naming_what_fits(capsys, good,
+                                                                                                monkeypatch):
     def no_load(*args, **kwargs):
-        raise AssertionError("the model was loaded")
+        raise RuntimeError("the model was loaded: past the check")
 
     monkeypatch.setattr(Transformer, "from_pretrained", no_load)
-    # The 10-block config holds 10 x 4 = 40 slots; a prompt of a few tokens + 40 outputs does not fit.
-    code, out, err = cli(capsys, "--model", str(good), "--prompt", "w1 w2", "--max-tokens", "40",
-                         "--block-size", "4")
-    assert code == 2
-    assert re.fullmatch(PREFIX + r"--max-tokens 40 with --block-size 4: the longest prompt \((\d+) "
-                        r"tokens\) and its output need \d+ KV slots, but the smallest config has 10 "
-                        r"blocks = 40 slots; use --max-tokens <= \d+ or --block-size >= \d+", err[-1])
+
+    def run(max_tokens, block_size):
+        return cli(capsys, "--model", str(good), "--prompt", "w1", "--prompt", "w1 w2 w3", "--max-tokens",
+                   str(max_tokens), "--block-size", str(block_size))
+
+    # The 10-block config holds 10 x 4 = 40 slots; the longest prompt + 40 outputs do not fit.
+    code, out, err = run(40, 4)
+    assert code == 2 and "--max-tokens 40" in err[-1] and "--block-size 4" in err[-1] and "40 slots" in err[-1]
+    longest = len(loading.chat_prompt_ids(loading.load_tokenizer(good), "w1 w2 w3"))
+    fits, bigger = (int(re.search(pattern, err[-1]).group(1)) for pattern in (r"--max-tokens <= (\d+)",
+                                                                               r"--block-size >= (\d+)"))
+    # A request holds prompt + max_tokens - 1 slots; what the line suggests fits, exactly.
+    assert (fits, bigger) == (40 - longest + 1, math.ceil((longest + 40 - 1) / 10))
+    assert [run(fits, 4)[0], run(fits + 1, 4)[0], run(40, bigger)[0], run(40, bigger - 1)[0]] == [1, 2, 1, 2]
 
 
-def test_output_beyond_the_models_context_exits_2(capsys, good):
-    code, out, err = cli(capsys, "--model", str(good), "--prompt", "w1", "--max-tokens", "300",
-                         "--block-size", "64")
-    assert code == 2
-    assert re.fullmatch(PREFIX + r"--max-tokens 300: the longest prompt and its output are \d+ tokens, "
-                        r"above the model's max_position_embeddings=256", err[-1])
+def test_the_longest_prompt_may_fill_the_models_context_exactly(capsys, good, monkeypatch):
+    from nano_engine.lab import experiments
+
+    def stop(*args, **kwargs):
+        raise RuntimeError("past the check")
+    monkeypatch.setattr(experiments, "identity_check", stop)
+    tok = loading.load_tokenizer(good)
+    limit = json.loads((good / "config.json").read_text())["max_position_embeddings"]
+    fill = limit - len(loading.chat_prompt_ids(tok, "w1"))
+    code, _, err = cli(capsys, "--model", str(good), "--prompt", "w1", "--max-tokens", str(fill), "--block-size", "64")
+    assert code == 1 and "past the check" in err[-1]
+    code, _, err = cli(capsys, "--model", str(good), "--prompt", "w1", "--max-tokens", str(fill + 1),
+                       "--block-size", "64")
+    assert code == 2 and f"--max-tokens {fill + 1}" in err[-1] and f"max_position_embeddings={limit}" in err[-1]
 
 
 # ----- models that do not load: exit 1, one line naming the file -----
@@ -141,6 +157,30 @@ def _gguf(cut=None, data=None, arch="llama"):
     return build
 
 
+def _bin_only(good, tmp_path):
+    folder = copy_of(good, tmp_path)
+    (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
+    return folder
+
+
+def _gpt2_gguf(good, tmp_path):
+    import gguf
+
+    writer = gguf.GGUFWriter(tmp_path / "gpt2.gguf", "gpt2")
+    writer.add_block_count(1)
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.close()
+    return tmp_path / "gpt2.gguf"
+
+
+def _no_chat_template(good, tmp_path):
+    folder = copy_of(good, tmp_path)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    tok_config = json.loads((folder / "tokenizer_config.json").read_text())
+    tok_config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_config))
+    return folder
+
+
 def _sharded(good, tmp_path):
     folder = copy_of(good, tmp_path)
     (folder / "model.safetensors.index.json").write_text(json.dumps(
@@ -151,64 +191,43 @@ def _sharded(good, tmp_path):
 _DELETE = object()
 GARBAGE = bytes(range(7, 256)) * 20
 
-BROKEN = {  # name -> (build(good, tmp_path) -> path, regex of the message after "<path>: ")
-    "no config.json": (_remove("config.json"), r"no config\.json in this folder .*"),
-    "no weights": (_remove("model.safetensors"), r"no weights \(\*\.safetensors\)"),
-    "no tokenizer": (_remove("tokenizer.json"),
-                     r"no tokenizer \(none of tokenizer\.json, tokenizer\.model, vocab\.json\)"),
-    "garbage weights": (_replace("model.safetensors", GARBAGE),
-                        r"not a safetensors file, or truncated: its first 8 bytes announce a \d+-byte "
-                        r"header, the file has 4980 bytes"),
-    "weights cut in the header": (_replace("model.safetensors", lambda f: f.read_bytes()[:100]),
-                                  r"not a safetensors file, or truncated: .*, the file has 100 bytes"),
-    "weights cut in the data": (_replace("model.safetensors", lambda f: f.read_bytes()[:-1000]),
-                                r"truncated: its tensors end at byte (\d+), the file has \d+ bytes"),
-    "empty weights": (_replace("model.safetensors", b""), r"empty file \(0 bytes\)"),
-    "missing shard": (_sharded, r"lists model-00002-of-00002\.safetensors, which is not in .*"),
-    "config not JSON": (_replace("config.json", b'{"model_type": "llama",'), r"not valid JSON \(.*\)"),
-    "config a list": (_replace("config.json", b"[1, 2]"), r"must be a JSON object, got list"),
-    "config without hidden_size": (_config_edit(hidden_size=_DELETE), r"hidden_size is missing"),
-    "config hidden_size a string": (_config_edit(hidden_size="64"),
-                                    r"hidden_size='64' must be an integer.*"),
-    "config layers 0": (_config_edit(num_hidden_layers=0), r"num_hidden_layers=0 must be .*>= 1.*"),
-    "config flag a string": (_config_edit(tie_word_embeddings="no"),
-                             r"tie_word_embeddings='no' must be True or False.*"),
-    "config gpt2": (_config_edit(model_type="gpt2"),
-                    r"model_type='gpt2'; the engine runs llama, mistral, qwen2, qwen3"),
-    "config linear rope": (_config_edit(rope_scaling={"rope_type": "linear", "factor": 2.0}),
-                           r"rope scaling 'linear' is not supported \(default or llama3\)"),
-    "config against weights": (_config_edit(intermediate_size=96),
-                               r"the weights do not match config\.json: "
-                               r"model\.layers\.0\.mlp\.down_proj\.weight is \(64, 128\), the config says "
-                               r"\(64, 96\), .*"),
-    "garbage gguf": (_gguf(data=GARBAGE), r"not a GGUF file \(it starts with .*, not b'GGUF'\)"),
-    "gguf cut in the header": (_gguf(cut=lambda n: 500),
-                               r"truncated or damaged \(500 bytes\): the gguf reader cannot map its tensors"),
-    "gguf cut in the data": (_gguf(cut=lambda n: n // 2), r"truncated or damaged \(\d+ bytes\): .*"),
-    "gguf cut by one byte": (_gguf(cut=lambda n: n - 1), r"truncated or damaged \(\d+ bytes\): .*"),
-    "gguf without tokenizer": (_gguf(), r"no tokenizer in the GGUF metadata \(tokenizer\.ggml\.\*\)"),
-    "safetensors file given": (lambda g, t: copy_of(g, t) / "model.safetensors",
-                               r"one file of a model folder: pass the folder that holds it"),
+BROKEN = {  # name -> (build(good, tmp_path) -> path, what the line must say after naming the file)
+    "no config.json": (_remove("config.json"), "no config.json"),
+    "no weights": (_remove("model.safetensors"), "no weights"),
+    "only a .bin": (_bin_only, "pytorch_model.bin"),  # says what it reads instead
+    "no tokenizer": (_remove("tokenizer.json"), "no tokenizer"),
+    "garbage weights": (_replace("model.safetensors", GARBAGE), "not a safetensors file"),
+    "weights cut in the header": (_replace("model.safetensors", lambda f: f.read_bytes()[:100]), "100 bytes"),
+    "weights cut in the data": (_replace("model.safetensors", lambda f: f.read_bytes()[:-1000]), "truncated"),
+    "empty weights": (_replace("model.safetensors", b""), "empty file"),
+    "missing shard": (_sharded, "model-00002-of-00002.safetensors"),
+    "config not JSON": (_replace("config.json", b'{"model_type": "llama",'), "not valid JSON"),
+    "config a list": (_replace("config.json", b"[1, 2]"), "JSON object"),
+    "config without hidden_size": (_config_edit(hidden_size=_DELETE), "hidden_size"),
+    "config hidden_size a string": (_config_edit(hidden_size="64"), "hidden_size='64'"),
+    "config layers 0": (_config_edit(num_hidden_layers=0), "num_hidden_layers=0"),
+    "config flag a string": (_config_edit(tie_word_embeddings="no"), "tie_word_embeddings='no'"),
+    "config gpt2": (_config_edit(model_type="gpt2"), "model_type='gpt2'"),
+    "config linear rope": (_config_edit(rope_scaling={"rope_type": "linear", "factor": 2.0}), "'linear'"),
+    "config against weights": (_config_edit(intermediate_size=96), "model.layers.0.mlp.down_proj.weight"),
+    "garbage gguf": (_gguf(data=GARBAGE), "not a GGUF file"),
+    "gguf cut in the header": (_gguf(cut=lambda n: 500), "500 bytes"),
+    "gguf cut in the data": (_gguf(cut=lambda n: n // 2), "truncated"),
+    "gguf cut by one byte": (_gguf(cut=lambda n: n - 1), "truncated"),
+    "gguf without tokenizer": (_gguf(), "no tokenizer"),
+    "gguf of gpt2": (_gpt2_gguf, "'gpt2'"),
+    "tokenizer without chat template": (_no_chat_template, "chat template"),
+    "safetensors file given": (lambda g, t: copy_of(g, t) / "model.safetensors", "pass the folder"),
 }
 
 
-def _which_file(path, message):
-    """The file the message must name: the folder, or the file in it that is broken."""
-    for name in ("config.json", "model.safetensors.index.json", "model.safetensors"):
-        if f"{path}/{name}" in message:
-            return f"{path}/{name}"
-    return str(path)
-
-
 @pytest.mark.parametrize("case", BROKEN)
-def test_broken_model_is_one_line_exit_1(capsys, good, tmp_path, case):
-    build, pattern = BROKEN[case]
+def test_broken_model_is_one_line_exit_1_naming_the_file(capsys, good, tmp_path, case):
+    build, what = BROKEN[case]
     path = build(good, tmp_path)
     code, out, err = cli(capsys, "--model", str(path), "--max-tokens", "2")
     assert code == 1 and out == "" and len(err) == 1, err
-    named = _which_file(path, err[0])
-    assert err[0].startswith(f"{PREFIX}{named}"), err[0]
-    assert re.fullmatch(re.escape(f"{PREFIX}{named}") + r"(\s\(metadata\))?: " + pattern, err[0]), err[0]
+    assert err[0].startswith(f"{PREFIX}{path}") and what in err[0], err[0]
 
 
 @pytest.mark.parametrize("case", [c for c in BROKEN if "tokenizer" not in c])
@@ -222,45 +241,14 @@ def test_library_raises_the_same_model_load_error(good, tmp_path, case, capsys):
     assert err == [PREFIX + " ".join(str(raised.value).split())]
 
 
-def test_bin_only_folder_says_what_it_reads(capsys, good, tmp_path):
-    folder = copy_of(good, tmp_path)
-    (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
-    code, _, err = cli(capsys, "--model", str(folder))
-    assert code == 1 and err == [f"{PREFIX}{folder}: no weights (*.safetensors) (there is pytorch_model.bin: the "
-                                 "engine reads *.safetensors in a folder, or a .gguf file passed by its own path)"]
-
-
-def test_missing_paths(capsys, tmp_path, monkeypatch):
+def test_missing_paths_name_the_path_and_where_it_came_from(capsys, tmp_path, monkeypatch):
     code, _, err = cli(capsys, "--model", str(tmp_path / "nope"))
-    assert code == 1 and err == [f"{PREFIX}no model at {tmp_path / 'nope'}: no such file or folder"]
+    assert code == 1 and len(err) == 1 and str(tmp_path / "nope") in err[0]
     monkeypatch.setenv("NANO_ENGINE_MODEL", str(tmp_path / "gone"))
     code, _, err = cli(capsys)
-    assert code == 1 and err == [f"{PREFIX}no model at {tmp_path / 'gone'} (from $NANO_ENGINE_MODEL): "
-                                 "no such file or folder"]
+    assert code == 1 and len(err) == 1 and str(tmp_path / "gone") in err[0] and "$NANO_ENGINE_MODEL" in err[0]
     with pytest.raises(FileNotFoundError):  # a ModelNotFoundError is also a FileNotFoundError
         loading.resolve_model_path()
-
-
-def test_gguf_of_an_unsupported_architecture(capsys, tmp_path):
-    import gguf
-
-    writer = gguf.GGUFWriter(tmp_path / "gpt2.gguf", "gpt2")
-    writer.add_block_count(1)
-    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.close()
-    code, _, err = cli(capsys, "--model", str(tmp_path / "gpt2.gguf"))
-    assert code == 1 and err == [f"{PREFIX}{tmp_path / 'gpt2.gguf'}: GGUF architecture 'gpt2' is not "
-                                 "supported (supported: llama, qwen2, qwen3)"]
-
-
-def test_tokenizer_without_chat_template(capsys, good, tmp_path):
-    folder = copy_of(good, tmp_path)
-    (folder / "chat_template.jinja").unlink(missing_ok=True)
-    tok_config = json.loads((folder / "tokenizer_config.json").read_text())
-    tok_config.pop("chat_template", None)
-    (folder / "tokenizer_config.json").write_text(json.dumps(tok_config))
-    code, _, err = cli(capsys, "--model", str(folder))
-    assert code == 1 and err == [f"{PREFIX}{folder}: the tokenizer has no chat template "
-                                 "(chat_template.jinja, or chat_template in tokenizer_config.json)"]
 
 
 def test_any_other_failure_is_one_line_and_debug_adds_the_traceback(capsys, good, monkeypatch):
@@ -269,18 +257,10 @@ def test_any_other_failure_is_one_line_and_debug_adds_the_traceback(capsys, good
 
     monkeypatch.setattr(Transformer, "from_pretrained", boom)
     code, _, err = cli(capsys, "--model", str(good), "--max-tokens", "2")
-    assert code == 1 and err == [f"{PREFIX}RuntimeError: out of memory (--debug shows the traceback)"]
+    assert code == 1 and len(err) == 1 and "RuntimeError: out of memory" in err[0] and "--debug" in err[0]
     code, _, err = cli(capsys, "--model", str(good), "--max-tokens", "2", "--debug")
     assert code == 1 and err[0] == "Traceback (most recent call last):" and "boom" in "\n".join(err)
-    assert err[-1] == f"{PREFIX}RuntimeError: out of memory"
-
-
-def test_tiny_model_runs_end_to_end(capsys, good):
-    code, out, err = cli(capsys, "--model", str(good), "--dtype", "float64", "--max-tokens", "3",
-                         "--prompt", "w1 w2 w3", "--prompt", "w4")
-    assert code == 0, err
-    assert out.startswith(f"model: {good} (llama, 2 layers, float64), loaded in ")
-    assert "2 prompts of " in out and out.rstrip().endswith("token for token")
+    assert "RuntimeError: out of memory" in err[-1]
 
 
 def test_exit_codes_of_the_real_process(tmp_path):
@@ -291,150 +271,45 @@ def test_exit_codes_of_the_real_process(tmp_path):
                               text=True, env={**env, "NANO_ENGINE_CACHE": str(tmp_path)})
 
     bad_arg = run("--threads", "0")
-    assert bad_arg.returncode == 2
-    assert bad_arg.stderr.splitlines()[-1] == PREFIX + "argument --threads: 0 must be at least 1"
+    assert bad_arg.returncode == 2 and "--threads" in bad_arg.stderr.splitlines()[-1]
     missing = run("--model", str(tmp_path / "nope"))
     assert missing.returncode == 1 and missing.stdout == ""
-    assert missing.stderr.splitlines() == [f"{PREFIX}no model at {tmp_path / 'nope'}: no such file or folder"]
+    assert len(missing.stderr.splitlines()) == 1 and str(tmp_path / "nope") in missing.stderr
 
 
-# ----- __main__'s own parts: flags, the fit check, what run() prints, the subcommands -----
-def test_flags_and_their_defaults():
-    from nano_engine.cli.main import build_parser
-
-    assert vars(build_parser().parse_args([])) == {
-        "model": None, "prompt": None, "max_tokens": 24, "dtype": "float32", "block_size": 16, "max_num_seqs": 16,
-        "no_prefix_caching": False, "threads": None, "debug": False}
-    args = build_parser().parse_args(["--model", "m", "--prompt", "a", "--prompt", " b ", "--max-tokens", "2",
-                                      "--dtype", "bf16", "--block-size", "4", "--max-num-seqs", "3",
-                                      "--no-prefix-caching", "--threads", "1", "--debug"])
-    assert vars(args) == {"model": "m", "prompt": ["a", " b "], "max_tokens": 2, "dtype": "bf16", "block_size": 4,
-                          "max_num_seqs": 3, "no_prefix_caching": True, "threads": 1, "debug": True}
-
-
-def test_help_says_what_it_runs(capsys):
+def test_help_exits_0(capsys):
     assert main(["--help"]) == 0
-    text = " ".join(capsys.readouterr().out.split())
-    assert text.startswith("usage: python -m nano_engine ")
-    for phrase in ["`python -m nano_engine`: the scheduler chapter's identity check on the embedded model.",
-                   "a Hugging Face folder or a .gguf file (default: $NANO_ENGINE_MODEL, else the embedded "
-                   "SmolLM2-135M-Instruct)", "a user message (repeat for more; default: the 6 chat prompts)",
-                   "greedy tokens per prompt (default 24)", "torch threads (default: torch's choice)",
-                   "print the traceback of a failure"]:
-        assert f" {phrase} " in f" {text} ", phrase  # whole: nothing glued to either end
-    from nano_engine.cli import main as entry
-
-    assert entry.__doc__.strip() in entry.build_parser().format_help()  # the description as written, line by line
+    assert capsys.readouterr().out.startswith("usage: python -m nano_engine ")
 
 
-class _Refused(Exception):
-    pass
+# ----- what a run does and prints -----
 
-
-class _Parser:
-    def error(self, message):
-        raise _Refused(message)
-
-
-@pytest.mark.parametrize("lengths, max_tokens, block_size, message", [
-    ([5, 10], 40, 4, "--max-tokens 40 with --block-size 4: the longest prompt (10 tokens) and its output need 49 KV "
-                     "slots, but the smallest config has 10 blocks = 40 slots; use --max-tokens <= 31 or "
-                     "--block-size >= 5"),
-    ([10], 32, 4, "--max-tokens 32 with --block-size 4: the longest prompt (10 tokens) and its output need 41 KV "
-                  "slots, but the smallest config has 10 blocks = 40 slots; use --max-tokens <= 31 or --block-size >= 5"),
-    ([10], 31, 4, None),  # 10 + 31 - 1 = 40 slots: exactly full
-    ([3], 38, 4, None),
-])
-def test_check_fits_uses_the_smallest_pool(lengths, max_tokens, block_size, message):
-    from types import SimpleNamespace
-
-    from nano_engine.cli.main import _check_fits
-
-    args = SimpleNamespace(max_tokens=max_tokens, block_size=block_size)
-    configs = {"defaults": {}, "small": {"num_blocks": 10}, "big": {"num_blocks": 99}}
-    prompts = [[0] * n for n in lengths]
-    if message is None:
-        assert _check_fits(_Parser(), args, prompts, configs) is None
-    else:
-        with pytest.raises(_Refused) as e:
-            _check_fits(_Parser(), args, prompts, configs)
-        assert str(e.value) == message
-    # With no num_blocks anywhere, the engine's default pool (256 blocks) is the limit.
-    assert _check_fits(_Parser(), SimpleNamespace(max_tokens=256 * 4 - 9, block_size=4), [[0] * 10], {"d": {}}) is None
-    with pytest.raises(_Refused):
-        _check_fits(_Parser(), SimpleNamespace(max_tokens=256 * 4 - 8, block_size=4), [[0] * 10], {"d": {}})
-
-
-def test_run_prints_the_table_the_trace_and_the_first_answer(capsys, good, monkeypatch):
+def test_tiny_model_runs_end_to_end_and_prints_the_table_the_trace_and_the_first_answer(capsys, good, monkeypatch):
     from nano_engine import generate
-
-    threads = []
-    monkeypatch.setattr("torch.set_num_threads", lambda n: threads.append(n))
-    code, out, err = cli(capsys, "--model", str(good), "--dtype", "float64", "--max-tokens", "3",
-                         "--prompt", "w1 w2 w3", "--prompt", "w4", "--threads", "2", "--block-size", "8")
-    assert code == 0 and err == [] and threads == [2]
-    tok = loading.load_tokenizer(good)
-    ids = [loading.chat_prompt_ids(tok, t) for t in ("w1 w2 w3", "w4")]
-    model = Transformer.from_pretrained(good, dtype="float64")
-    first = generate(model, ids[0], 3, model.config.eos_token_id)
-    lines = out.splitlines()
-    assert re.fullmatch(rf"model: {re.escape(str(good))} \(llama, 2 layers, float64\), loaded in \d+\.\d s", lines[0])
-    assert lines[1] == f"2 prompts of {min(map(len, ids))}-{max(map(len, ids))} tokens, 3 greedy tokens each"
-    assert lines[2] == "" and lines[3].split() == ["config", "steps", "preempt", "seconds", "identical"]
-    assert [line.split()[0] for line in lines[4:8]] == ["alone", "defaults", "budget", "budget"]
-    assert all(line.endswith("True") for line in lines[5:8])
-    i = lines.index("first 6 steps at a 32-token budget (p = prefill chunk, d = decode, r = recompute):")
-    assert lines[i - 1] == "" and i == 9
-    j = lines.index("'w1 w2 w3' ->")
-    assert lines[j + 1] == repr(tok.decode(first, skip_special_tokens=True)) and lines[j - 1] == ""
-    assert lines[-2:] == ["", "identical: every config gives the single-request tokens, token for token"]
-
-
-def test_run_loads_in_its_dtype_and_prints_the_trace_and_an_answer_without_special_tokens(capsys, good, monkeypatch):
-    import time
-
     from nano_engine.lab import experiments
 
-    real = experiments.identity_check
-    got = {}
+    threads, got, real = [], {}, experiments.identity_check
+    monkeypatch.setattr("torch.set_num_threads", lambda n: threads.append(n))
 
     def capture(model, prompts, max_tokens, configs, **common):
         result = got["result"] = real(model, prompts, max_tokens, configs, **common)
         got["dtype"], got["eos"] = model.dtype, model.config.eos_token_id
-        result.reference[0] = result.reference[0] + [got["eos"]]  # an answer that stopped on EOS
+        result.reference[0] = result.reference[0] + [got["eos"]]  # as if the answer had stopped on EOS
         return result
     monkeypatch.setattr(experiments, "identity_check", capture)
-    start = time.perf_counter()
-    code, out, err = cli(capsys, "--model", str(good), "--dtype", "float64", "--max-tokens", "3", "--prompt", "w1")
-    took = time.perf_counter() - start
-    assert code == 0 and got["dtype"] == torch.float64
-    loaded = float(re.search(r", loaded in (\d+\.\d) s$", out.splitlines()[0]).group(1))
-    assert 0 <= loaded <= took + 0.05  # the time since the load began, not a clock reading
-    header = "first 6 steps at a 32-token budget (p = prefill chunk, d = decode, r = recompute):"
-    trace = experiments.format_trace(got["result"].engines["budget 32"].step_log)
-    assert f"\n{header}\n{trace}\n\n'w1' ->\n" in out
+    code, out, err = cli(capsys, "--model", str(good), "--dtype", "float64", "--max-tokens", "3",
+                         "--prompt", "w1 w2 w3", "--prompt", "w4", "--threads", "2", "--block-size", "8")
+    assert code == 0 and err == [] and threads == [2] and got["dtype"] == torch.float64
+    assert out.startswith(f"model: {good} (llama, 2 layers, float64)") and "2 prompts of " in out
+    rows = {line.split()[0] for line in out.splitlines() if line.endswith("True")}
+    assert {"defaults", "budget"} <= rows  # the table: every config identical to generate
+    assert experiments.format_trace(got["result"].engines["budget 32"].step_log) in out
     tok = loading.load_tokenizer(good)
-    answer = out.split("'w1' ->\n", 1)[1].splitlines()[0]
-    ref = got["result"].reference[0]
-    assert answer == repr(tok.decode(ref, skip_special_tokens=True)) != repr(tok.decode(ref))
-    assert tok.decode([got["eos"]]) not in answer
-
-
-def test_the_longest_prompt_may_fill_the_models_context_exactly(capsys, good, monkeypatch):
-    from nano_engine.lab import experiments
-
-    def stop(*args, **kwargs):
-        raise RuntimeError("past the check")
-    monkeypatch.setattr(experiments, "identity_check", stop)
-    tok = loading.load_tokenizer(good)
-    limit = json.loads((good / "config.json").read_text())["max_position_embeddings"]
-    fill = limit - len(loading.chat_prompt_ids(tok, "w1"))
-    code, _, err = cli(capsys, "--model", str(good), "--prompt", "w1", "--max-tokens", str(fill), "--block-size", "64")
-    assert code == 1 and err[-1].endswith("RuntimeError: past the check (--debug shows the traceback)")
-    code, _, err = cli(capsys, "--model", str(good), "--prompt", "w1", "--max-tokens", str(fill + 1),
-                       "--block-size", "64")
-    assert code == 2 and err[-1].endswith(f"the longest prompt and its output are {limit + 1} tokens, above the "
-                                          f"model's max_position_embeddings={limit}")
+    first = generate(Transformer.from_pretrained(good, dtype="float64"), loading.chat_prompt_ids(tok, "w1 w2 w3"), 3,
+                     tok.eos_token_id)
+    answer = out.split("'w1 w2 w3' ->\n", 1)[1].splitlines()[0]  # decoded without special tokens
+    assert answer == repr(tok.decode(first, skip_special_tokens=True)) and tok.decode([got["eos"]]) not in answer
+    assert out.rstrip().endswith("token for token")
 
 
 def test_run_fails_with_the_configs_that_differ(capsys, good, monkeypatch):
@@ -453,8 +328,9 @@ def test_run_fails_with_the_configs_that_differ(capsys, good, monkeypatch):
     code, out, _ = cli(capsys, "--model", str(good), "--max-tokens", "2", "--prompt", "w1", "--no-prefix-caching",
                        "--max-num-seqs", "5", "--block-size", "8")
     assert code == 1
-    assert out.splitlines()[-2:] == ["", "FAIL: outputs differ from single-request generate under: budget 32, "
-                                         "budget 64, 10 blocks"]
+    last = out.splitlines()[-1]
+    assert last.startswith("FAIL") and all(name in last for name in experiments.IDENTITY_CONFIGS if name != "defaults")
+    assert "defaults" not in last
     assert seen == {"block_size": 8, "max_num_seqs": 5, "enable_prefix_caching": False, "max_tokens": 2,
                     "configs": experiments.IDENTITY_CONFIGS}
 
@@ -471,7 +347,6 @@ def test_the_default_prompts_are_the_chapters(capsys, good, monkeypatch):
     code, _, err = cli(capsys, "--model", str(good), "--max-tokens", "2")
     tok = loading.load_tokenizer(good)
     assert code == 1 and asked == [[loading.chat_prompt_ids(tok, t) for t in experiments.CHAT_PROMPTS]]
-    assert err == [f"{PREFIX}RuntimeError: stop here (--debug shows the traceback)"]
 
 
 @pytest.mark.parametrize("name, module", [("serve", "cli.serve"), ("bench-serve", "cli.bench_serve"),
@@ -494,7 +369,7 @@ def test_interrupted_is_exit_130(capsys, good, monkeypatch):
         raise KeyboardInterrupt
     monkeypatch.setattr(loading, "check_model", interrupted)
     code, out, err = cli(capsys, "--model", str(good))
-    assert (code, out, err) == (130, "", ["python -m nano_engine: interrupted"])
+    assert (code, out, len(err)) == (130, "", 1) and "interrupted" in err[0]
 
 
 def test_an_error_without_a_message_still_says_something(capsys, good, monkeypatch):
@@ -502,27 +377,27 @@ def test_an_error_without_a_message_still_says_something(capsys, good, monkeypat
         raise ValueError()
     monkeypatch.setattr(loading, "check_model", silent)
     code, _, err = cli(capsys, "--model", str(good))
-    assert (code, err) == (1, [f"{PREFIX}ValueError: (no message) (--debug shows the traceback)"])
-    assert main(["--max-tokens", "x"]) == 2  # argparse's own exit code, passed through
+    assert code == 1 and len(err) == 1 and "ValueError" in err[0] and err[0].split("ValueError")[1].strip(": ")
 
 
 def test_guarded_passes_an_int_exit_code_through_and_maps_any_other_to_2():
-    import sys as _sys
+    from nano_engine.cli.common import guarded
+    from nano_engine.cli.main import build_parser
 
-    from nano_engine.cli.main import build_parser, guarded
-
-    assert guarded(build_parser(), [], lambda ap, args: _sys.exit(3)) == 3
-    assert guarded(build_parser(), [], lambda ap, args: _sys.exit("bye")) == 2
+    assert guarded(build_parser(), [], lambda ap, args: sys.exit(3)) == 3
+    assert guarded(build_parser(), [], lambda ap, args: sys.exit("bye")) == 2
     assert guarded(build_parser(), [], lambda ap, args: 0) == 0
+    assert main(["--max-tokens", "x"]) == 2  # argparse's own exit code, passed through
 
 
 def test_guarded_reports_a_failure_inside_argparse_in_one_line(capsys):
-    from nano_engine.cli.main import build_parser, guarded
+    from nano_engine.cli.common import guarded
+    from nano_engine.cli.main import build_parser
 
     def never(ap, args):
         raise AssertionError("run after a failed parse")
     # A library caller's int in argv fails inside argparse, before any args exist (so --debug is unknown).
     for argv in (["--max-tokens", 3], ["--debug", "--max-tokens", 3]):
         assert guarded(build_parser(), argv, never) == 1
-        assert capsys.readouterr().err.splitlines() == [
-            f"{PREFIX}TypeError: 'int' object is not subscriptable (--debug shows the traceback)"]
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and err[0].startswith(f"{PREFIX}TypeError")

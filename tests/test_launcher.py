@@ -8,7 +8,6 @@ command line, the wait, the errors and the stop without loading a model. test_se
 real server the same way.
 """
 
-import ctypes
 import json
 import os
 import signal
@@ -96,45 +95,34 @@ def line(server, prefix):
     return next(x[len(prefix):] for x in server.log_text().splitlines() if x.startswith(prefix))
 
 
-@pytest.mark.parametrize("flags", [("--host", "0.0.0.0"), ("--port", "8000"), ("--host=0.0.0.0",), ("--port=8000",),
-                                   ("--max-num-seqs", "2", "--port", "1")])
+@pytest.mark.parametrize("flags", [("--host", "0.0.0.0"), ("--port=8000",), ("--max-num-seqs", "2", "--port", "1")])
 def test_host_and_port_are_its_own_choice(flags):
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(ValueError, match="--host.*--port"):
         ServerProcess(*flags)
-    assert str(e.value) == "ServerProcess chooses --host 127.0.0.1 and a free --port itself"
 
 
-def test_a_new_server_holds_its_flags_as_text_and_has_not_started(monkeypatch):
+def test_a_new_server_takes_its_environment_and_has_not_started(monkeypatch):
     monkeypatch.setenv("FROM_PARENT", "p")
-    s = ServerProcess("--max-num-seqs", 8, "--hosts-like-name", timeout=5, env={"EXTRA": "e", "FROM_PARENT": "q"})
-    assert s.flags == ["--max-num-seqs", "8", "--hosts-like-name"] and s.timeout == 5
+    s = ServerProcess("--max-num-seqs", 8, env={"EXTRA": "e", "FROM_PARENT": "q"})
     assert s.env == {**os.environ, "EXTRA": "e", "FROM_PARENT": "q"}  # the parent's environment, then env
     assert (s.proc, s.port, s.log_text()) == (None, None, "")
-    assert ServerProcess().env == dict(os.environ) and ServerProcess().timeout == 180.0
     s.port = 1234
-    assert (s.url, s.base_url) == ("http://127.0.0.1:1234", "http://127.0.0.1:1234/v1")
+    assert (s.url, s.base_url) == ("http://127.0.0.1:1234", "http://127.0.0.1:1234/v1")  # base_url: an OpenAI client's
     assert s.stop() is None  # never started: nothing to stop
 
 
 def test_start_runs_serve_on_loopback_and_a_free_port_and_waits_for_health(fake):
-    server = ServerProcess("--max-num-seqs", "2", env={"FAKE_503": "2", "FAKE_TAG": "t"})
-    assert server.start() is server and server in launcher._LIVE
+    server = ServerProcess("--max-num-seqs", 2, env={"FAKE_503": "2", "FAKE_TAG": "t"})
+    assert server.start() is server
     assert json.loads(line(server, "argv ")) == ["-m", "nano_engine", "serve", "--host", "127.0.0.1", "--port", "0",
                                                  "--max-num-seqs", "2"]
     assert line(server, "pdeathsig ") == f"{signal.SIGTERM.value} env t"  # dies with its parent; env passed
     assert server.port != 1 and httpx.get(f"{server.url}/health").text == "4"  # 503, 503, 200 before start returned
-    with pytest.raises(RuntimeError) as e:
+    with pytest.raises(RuntimeError, match="started"):
         server.start()
-    assert str(e.value) == "this server was started already"
     proc, log = server.proc, server._log.name
-    name = os.path.basename(log)  # a log a person can tell apart in /tmp
-    assert name.startswith("nano_engine_serve_") and name.endswith(".log")
-    waits, real_wait = [], proc.wait
-    proc.wait = lambda timeout=None: waits.append(timeout) or real_wait(timeout)
     assert server.stop() == 0 and proc.returncode == 0  # SIGTERM, then a clean exit
-    assert waits == [30.0]  # the default grace before SIGKILL: serve's own shutdown takes up to 5 s + a step
-    assert server.proc is None and server._log is None and not os.path.exists(log)
-    assert server not in launcher._LIVE and server.stop() is None
+    assert server.proc is None and not os.path.exists(log) and server.stop() is None  # no log left behind
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{server.url}/health")
 
@@ -144,31 +132,6 @@ def test_only_linux_children_get_a_parent_death_signal(fake, monkeypatch):
         m.setattr(sys, "platform", "darwin")  # prctl is Linux's: elsewhere the child is started plainly
         server = ServerProcess().start()
     assert line(server, "pdeathsig ") == "0 env None" and server.stop() == 0
-
-
-def test_the_wait_polls_every_tenth_of_a_second_and_each_health_check_gives_up_in_10_s(fake, monkeypatch):
-    import threading
-
-    sleeps, timeouts = [], []
-    real_sleep, real_get, me = time.sleep, httpx.get, threading.get_ident()
-
-    def sleep(seconds):  # start() waits in the caller's thread: only this one's calls count
-        if threading.get_ident() == me:
-            sleeps.append(seconds)
-        real_sleep(seconds)
-
-    def get(url, **kwargs):
-        if threading.get_ident() == me:
-            timeouts.append(kwargs.get("timeout", "httpx's default"))
-        return real_get(url, **kwargs)
-    monkeypatch.setattr(launcher.time, "sleep", sleep)
-    monkeypatch.setattr(launcher.httpx, "get", get)
-    server = ServerProcess(env={"FAKE_503": "2"}).start()
-    # A new child prints nothing for a while (the log is read at once, then every 0.1 s); /health says 503
-    # twice. A /health that hangs (an engine stuck in a step) fails after 10 s rather than never.
-    assert len(sleeps) >= 3 and set(sleeps) == {0.1}
-    assert timeouts == [10, 10, 10]
-    assert server.stop() == 0
 
 
 def test_the_log_reads_as_utf8_whatever_the_locale_and_a_bad_byte_does_not_stop_it(fake):
@@ -212,12 +175,10 @@ def test_with_block_starts_once_and_stops(fake):
 
 def test_a_child_that_exits_is_reported_with_its_status_and_log_tail(fake):
     server = ServerProcess(env={"FAKE_MODE": "exit"})
-    with pytest.raises(RuntimeError) as e:
+    with pytest.raises(RuntimeError, match="status 3") as e:
         server.start()
-    head, tail = str(e.value).split("\n", 1)
-    assert head == "the server exited with status 3:"
-    assert len(tail) == 2000 and tail.endswith("x" * 1990 + "the end\n")
-    assert server.proc is None and server._log is None and server not in launcher._LIVE
+    assert str(e.value).endswith("x" * 100 + "the end\n") and "x" * 2500 not in str(e.value)  # the tail only
+    assert server.proc is None and server not in launcher._LIVE
 
 
 def test_a_child_that_never_starts_times_out_and_is_stopped(fake):
@@ -226,8 +187,7 @@ def test_a_child_that_never_starts_times_out_and_is_stopped(fake):
     with pytest.raises(TimeoutError) as e:
         server.start()
     assert 1.4 <= time.monotonic() - t0 < 30
-    head, tail = str(e.value).split("\n", 1)
-    assert head == "the server did not start in 1 s:" and len(tail) == 2000 and tail.endswith("y" * 1990 + "waiting\n")
+    assert str(e.value).endswith("waiting\n") and "y" * 2500 not in str(e.value)
     assert server.proc is None and server not in launcher._LIVE
 
 
@@ -251,26 +211,3 @@ def test_a_server_started_from_a_short_lived_thread_outlives_it(fake):
     time.sleep(0.5)
     assert server.proc.poll() is None and httpx.get(f"{server.url}/health").status_code == 200
     assert server.stop() == 0
-
-
-def pdeathsig() -> int:
-    sig = ctypes.c_int(-1)
-    assert ctypes.CDLL("libc.so.6").prctl(2, ctypes.byref(sig)) == 0  # PR_GET_PDEATHSIG
-    return sig.value
-
-
-def test_die_with_parent_sets_sigterm_as_the_parent_death_signal():
-    # Called here, in this process (the child calls it between fork and exec, where no test sees
-    # it), then put back as it was.
-    before = pdeathsig()
-    try:
-        assert launcher._die_with_parent() is None and pdeathsig() == signal.SIGTERM
-    finally:
-        ctypes.CDLL("libc.so.6").prctl(1, before)  # PR_SET_PDEATHSIG
-
-
-def test_die_with_parent_is_quiet_without_libc(monkeypatch):
-    def no_libc(*a, **k):
-        raise OSError("no libc.so.6")
-    monkeypatch.setattr(ctypes, "CDLL", no_libc)
-    assert launcher._die_with_parent() is None

@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import pathlib
 import subprocess
-from collections import Counter
 
 import pytest
 
@@ -62,13 +61,6 @@ def test_an_entry_whose_mutant_changed_is_reported_stale_not_trusted(report, cap
     report.EQUIVALENT_FILE.write_text("nano_engine.m.x_f__mutmut_4 | return a < b + 1 | an older mutant\n")
     report.main([])
     out = capsys.readouterr().out
-    assert "x_f__mutmut_4 (survived; scripts/mutants_equivalent.txt has a stale entry" in out
-    assert "an older mutant" not in out
+    (line,) = [ln for ln in out.splitlines() if "x_f__mutmut_4 (" in ln]
+    assert "survived" in line and "stale" in line and "an older mutant" not in out
 
-
-def test_row_arithmetic():
-    spec = importlib.util.spec_from_file_location("r", ROOT / "scripts" / "mutants_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    row = mod.row("m", Counter(killed=8, timeout=1, survived=1, equivalent=1, **{"no tests": 0}))
-    assert row.split() == ["m", "10", "9", "1", "0", "1", "90%", "100%"]

@@ -1,4 +1,4 @@
-"""serving_metrics on its own: hand-made RequestOutputs and a stand-in engine, read back through
+"""serving/metrics.py on its own: hand-made RequestOutputs and a stand-in engine, read back through
 prometheus_client's own text parser (test_server.py reads /metrics from a running server)."""
 
 from types import SimpleNamespace
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from nano_engine.serving import metrics as serving_metrics
+from nano_engine.serving import metrics
 from nano_engine.serving.async_llm import RequestOutput
 from nano_engine.serving.metrics import ServingMetrics
 
@@ -47,32 +47,32 @@ def histogram(family) -> tuple[dict, float, float]:
     return buckets, samples(family, "_count")[()], samples(family, "_sum")[()]
 
 
-def test_the_content_type_and_buckets_are_vllms():
-    assert serving_metrics.CONTENT_TYPE == "text/plain; version=0.0.4; charset=utf-8"
-    assert (serving_metrics.TTFT_BUCKETS, serving_metrics.ITL_BUCKETS, serving_metrics.E2E_BUCKETS) == (
-        VLLM_TTFT, VLLM_ITL, VLLM_E2E)
-    f = families(ServingMetrics("m"))
-    for name, want in (("vllm:time_to_first_token_seconds", VLLM_TTFT), ("vllm:inter_token_latency_seconds", VLLM_ITL),
-                       ("vllm:e2e_request_latency_seconds", VLLM_E2E)):
-        assert f[name].type == "histogram"
-        assert samples(f[name], "_bucket") == {}  # no sample for a label set never observed
+def test_the_names_types_and_content_type_are_vllms():
+    assert metrics.CONTENT_TYPE == "text/plain; version=0.0.4; charset=utf-8"
+    m = ServingMetrics("m")
+    m.attach(fake_llm())
+    f = families(m)
+    assert {name: fam.type for name, fam in f.items() if name.startswith("vllm:")} == {
+        "vllm:time_to_first_token_seconds": "histogram", "vllm:inter_token_latency_seconds": "histogram",
+        "vllm:e2e_request_latency_seconds": "histogram", "vllm:prompt_tokens": "counter",
+        "vllm:generation_tokens": "counter", "vllm:request_success": "counter",
+        "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
+        "vllm:kv_cache_usage_perc": "gauge", "vllm:num_preemptions": "counter",
+        "vllm:prefix_cache_queries": "counter", "vllm:prefix_cache_hits": "counter"}
+    assert samples(f["vllm:time_to_first_token_seconds"], "_bucket") == {}  # no sample for a label set never observed
 
 
 def test_observe_times_first_token_gaps_and_whole_requests():
     m = ServingMetrics("m")
-    assert m.model_name == "m"
     # a: tokens at 10.5 | 10.75, 11.0 | then a last output with no token: TTFT 0.5, ITL 0.25 0.25, E2E 1.0
     m.observe(out("a", [], arrival=10.0))  # a prefill chunk: nothing yet
-    assert m._last_token == {}
     m.observe(out("a", [10.5], arrival=10.0))
     m.observe(out("a", [10.75, 11.0], arrival=10.0))
-    assert m._last_token == {"a": 11.0}
     m.observe(out("a", [], arrival=10.0))  # a chunk with no token keeps the last token's time
-    assert m._last_token == {"a": 11.0}
     m.observe(out("a", [], arrival=10.0, finished=True, reason="stop", prompt=5))
     # b: one output with its only token, finished by length: TTFT 0.5, E2E 0.5
     m.observe(out("b", [20.5], [7], arrival=20.0, finished=True, reason="length", prompt=2))
-    assert m._last_token == {}  # finished requests leave no trace
+    assert not m._last_token  # finished requests leave no trace (no memory held per past request)
 
     f = families(m)
     for name, want in (("vllm:time_to_first_token_seconds", VLLM_TTFT), ("vllm:inter_token_latency_seconds", VLLM_ITL),
@@ -92,7 +92,7 @@ def test_observe_times_first_token_gaps_and_whole_requests():
 
 def test_a_request_aborted_before_its_first_token_ends_now(monkeypatch):
     m = ServingMetrics("m")
-    monkeypatch.setattr(serving_metrics.time, "perf_counter", lambda: 33.0)
+    monkeypatch.setattr(metrics.time, "perf_counter", lambda: 33.0)
     m.observe(out("c", [], arrival=30.0, finished=True, reason=None, prompt=3))
     f = families(m)
     buckets, count, total = histogram(f["vllm:e2e_request_latency_seconds"])
@@ -103,24 +103,12 @@ def test_a_request_aborted_before_its_first_token_ends_now(monkeypatch):
     assert samples(f["vllm:generation_tokens"], "_total") == {}  # never counted
 
 
-def test_each_figure_is_named_and_described():
-    f = families(ServingMetrics("m"))
-    docs = {name: (fam.type, fam.documentation) for name, fam in f.items() if name.startswith("vllm:")}
-    assert docs == {
-        "vllm:time_to_first_token_seconds": ("histogram", "Time to first token."),
-        "vllm:inter_token_latency_seconds": ("histogram", "Time between two output tokens."),
-        "vllm:e2e_request_latency_seconds": ("histogram", "Request latency, arrival to last token."),
-        "vllm:prompt_tokens": ("counter", "Prompt tokens of finished requests."),
-        "vllm:generation_tokens": ("counter", "Generated tokens."),
-        "vllm:request_success": ("counter", "Finished requests, by finish reason."),
-    }
-
-
 def fake_llm(**scheduler):
     sched = SimpleNamespace(running=[1, 2], waiting=[3, 4, 5], **scheduler)
     engine = SimpleNamespace(scheduler=sched, block_pool=SimpleNamespace(num_free=3, num_blocks=12),
                              stats=SimpleNamespace(preemptions=6))
-    return SimpleNamespace(engine=engine, on_output=None)
+    listeners = []
+    return SimpleNamespace(engine=engine, listeners=listeners, subscribe=listeners.append)
 
 
 @pytest.mark.parametrize("prefix, queries, hits", [({"prefix_cache_queries": 40, "prefix_cache_hits": 16}, 40, 16),
@@ -128,30 +116,27 @@ def fake_llm(**scheduler):
 def test_the_engines_state_is_read_at_scrape_time(prefix, queries, hits):
     m, llm = ServingMetrics("smol"), fake_llm(**prefix)
     m.attach(llm)
-    assert llm.on_output == m.observe
-    f = families(m)
-    state = {name: (fam.type, fam.documentation, [(s.name, s.labels, s.value) for s in fam.samples])
-             for name, fam in f.items() if name in {"vllm:num_requests_running", "vllm:num_requests_waiting",
-                                                    "vllm:kv_cache_usage_perc", "vllm:num_preemptions",
-                                                    "vllm:prefix_cache_queries", "vllm:prefix_cache_hits"}}
-    lab = {"model_name": "smol", "engine": "0"}
-    assert state == {
-        "vllm:num_requests_running": ("gauge", "Requests in the running queue.",
-                                      [("vllm:num_requests_running", lab, 2)]),
-        "vllm:num_requests_waiting": ("gauge", "Requests waiting to be scheduled.",
-                                      [("vllm:num_requests_waiting", lab, 3)]),
-        "vllm:kv_cache_usage_perc": ("gauge", "Fraction of KV blocks in use (1 = full).",
-                                     [("vllm:kv_cache_usage_perc", lab, 0.75)]),
-        "vllm:num_preemptions": ("counter", "Preemptions so far.", [("vllm:num_preemptions_total", lab, 6)]),
-        "vllm:prefix_cache_queries": ("counter", "Prompt tokens looked up in the prefix cache.",
-                                      [("vllm:prefix_cache_queries_total", lab, queries)]),
-        "vllm:prefix_cache_hits": ("counter", "Prompt tokens found in the prefix cache.",
-                                   [("vllm:prefix_cache_hits_total", lab, hits)]),
+    assert llm.listeners == [m.observe]  # every output reaches the histograms
+
+    def state():
+        f = families(m)
+        return {name: (s.name, s.value) for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                                                     "vllm:kv_cache_usage_perc", "vllm:num_preemptions",
+                                                     "vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
+                for s in f[name].samples if s.labels == {"model_name": "smol", "engine": "0"}}
+
+    assert state() == {
+        "vllm:num_requests_running": ("vllm:num_requests_running", 2),
+        "vllm:num_requests_waiting": ("vllm:num_requests_waiting", 3),
+        "vllm:kv_cache_usage_perc": ("vllm:kv_cache_usage_perc", 0.75),
+        "vllm:num_preemptions": ("vllm:num_preemptions_total", 6),
+        "vllm:prefix_cache_queries": ("vllm:prefix_cache_queries_total", queries),
+        "vllm:prefix_cache_hits": ("vllm:prefix_cache_hits_total", hits),
     }
     llm.engine.scheduler.running.append(9)  # read when scraped, not when attached
     llm.engine.block_pool.num_free = 12
-    f = families(m)
-    assert f["vllm:num_requests_running"].samples[0].value == 3 and f["vllm:kv_cache_usage_perc"].samples[0].value == 0
+    now = state()
+    assert now["vllm:num_requests_running"][1] == 3 and now["vllm:kv_cache_usage_perc"][1] == 0
 
 
 def test_two_servers_keep_their_own_figures():

@@ -135,14 +135,11 @@ def test_the_old_queue_copies_say_where_they_went():
     from nano_engine.steplog import StepRecord
 
     rec = StepRecord.__new__(StepRecord)  # __getattr__ needs no field
-    for name, short in (("waiting_ids", "waiting"), ("running_ids", "running")):
-        with pytest.raises(AttributeError) as e:
+    for name in ("waiting_ids", "running_ids"):
+        with pytest.raises(AttributeError, match=f"{name}.*queue_states"):
             getattr(rec, name)
-        assert str(e.value) == (f"StepRecord.{name} is gone (it copied the whole queue every step): use "
-                                f"nano_engine.steplog.queue_states(engine.step_log)[i].{short}")
-    with pytest.raises(AttributeError) as e:
+    with pytest.raises(AttributeError, match="no_such_field"):
         rec.no_such_field
-    assert str(e.value) == "no_such_field"
 
 
 def hand_log():
@@ -202,12 +199,8 @@ def test_plot_draws_each_cell_where_its_step_is():
         (0, 1, -0.4, 0.8, c["prefill"]), (1, 1, -0.4, 0.8, c["decode"]), (2, 1, -0.4, 0.8, c["decode"]),
         (0, 1, 0.6, 0.8, c["waiting"]), (1, 1, 0.6, 0.8, c["prefill"]), (2, 1, 0.6, 0.8, c["preempted"]),
         (3, 1, 0.6, 0.8, c["recompute"])])
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["req a", "req b"]
-    assert list(ax.get_yticks()) == [0, 1] and ax.yaxis_inverted()
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["req a", "req b"] and ax.yaxis_inverted()  # a on top
     assert (ax.get_xlabel(), ax.get_xlim(), ax.get_title()) == ("step", (0, 4), "4 steps")
-    assert tuple(ax.figure.get_size_inches()) == pytest.approx((8, 0.35 * 2 + 1.2))
-    legend = ax.get_legend()
-    assert [matplotlib.colors.to_hex(h.get_facecolor()) for h in legend.legend_handles] == list(c.values())
     plt.close(ax.figure)
 
     # In seconds each cell spans its step's own time, from the first step's start.
@@ -223,7 +216,7 @@ def test_plot_draws_each_cell_where_its_step_is():
     fig, given = plt.subplots()
     assert plot_timeline(hand_log(), ax=given) is given and len(given.collections) == 6
     plt.close(fig)
-    with pytest.raises(ValueError, match=r"^x='step' must be 'steps' or 'seconds'$"):
+    with pytest.raises(ValueError, match="'step'.*'steps' or 'seconds'"):
         plot_timeline(hand_log(), x="step")
     # An empty log draws an empty axis from 0 to 1, on either scale (not a singular 0..0 one).
     for x in ("steps", "seconds"):
@@ -238,55 +231,12 @@ def test_compare_figure_shares_the_longest_run():
     short = hand_log()[:2]
     fig = compare_figure({"long": hand_log(), "short": short, "none": []})
     assert [ax.get_title() for ax in fig.axes] == ["long: 4 steps", "short: 2 steps", "none: 0 steps"]
-    assert [ax.get_xlabel() for ax in fig.axes] == ["", "", "step"]
+    assert [ax.get_xlabel() for ax in fig.axes] == ["", "", "step"]  # on the last panel only
     assert [ax.get_xlim() for ax in fig.axes] == [(0, 4)] * 3
-    assert tuple(fig.get_size_inches()) == pytest.approx((9, 3 * (0.3 * 2 + 1.0)))
     plt.close(fig)
     fig = compare_figure({"short": short, "long": hand_log()}, x="seconds")
     assert [ax.get_xlim() for ax in fig.axes] == [(0, 3.0)] * 2  # 12.5 + 0.5 - 10
-    assert [ax.get_xlabel() for ax in fig.axes] == ["", "time (s)"]
     plt.close(fig)
-
-
-def test_widget_summary_and_axis_switch():
-    calls = []
-
-    def runner(settings, budget):
-        calls.append((settings, budget))
-        if budget == 3:
-            raise ValueError("too small")
-        return hand_log()
-
-    methods = {"m1": {"policy": "fcfs"}, "m2": {"policy": "priority"}}
-    tw = TimelineWidget(runner, budgets=[3, 5, 7, 9], methods=methods)
-    assert tw.budget.value == 7 and tw.method.options == ("m1", "m2") and tw.axis.value == "steps"
-    assert tw.summary.value == "<b>m1</b>, budget 7: 4 steps, 1 preemptions, 1 request-steps waiting"
-    assert calls == [({"policy": "fcfs"}, 7)]
-    steps_png = bytes(tw.image.value)
-    tw.axis.value = "seconds"
-    assert bytes(tw.image.value) not in (steps_png, b"") and len(calls) == 1  # redrawn from the cache
-    tw.method.value = "m2"
-    assert calls[-1] == ({"policy": "priority"}, 7)
-    tw.budget.value = 3
-    assert tw.summary.value == "<b>m2</b>, budget 3: cannot run: too small" and bytes(tw.image.value) == b""
-    assert tw.log("m1", 9) is tw.log("m1", 9) and calls[-1] == ({"policy": "fcfs"}, 9)
-    assert TimelineWidget(runner, budgets=[5, 7], x="seconds").axis.value == "seconds"
-
-
-def test_the_legend_sits_outside_the_axis_at_its_top_right():
-    import matplotlib.pyplot as plt
-
-    ax = plot_timeline(hand_log())
-    legend = ax.get_legend()
-    assert legend._loc == matplotlib.legend.Legend.codes["upper left"]
-    assert legend.get_bbox_to_anchor().bounds[:2] == tuple(ax.transAxes.transform((1.0, 1.0)))
-    assert not legend.get_frame_on() and {t.get_fontsize() for t in legend.get_texts()} == {8}
-    plt.close(ax.figure)
-
-
-def test_compare_figure_of_one_run_and_of_empty_runs():
-    import matplotlib.pyplot as plt
-
     fig = compare_figure({"only": hand_log()})
     assert [(ax.get_title(), ax.get_xlabel(), ax.get_xlim()) for ax in fig.axes] == [("only: 4 steps", "step", (0, 4))]
     plt.close(fig)
@@ -295,35 +245,27 @@ def test_compare_figure_of_one_run_and_of_empty_runs():
     plt.close(fig)
 
 
-def png_facts(png: bytes) -> tuple[int, int, float]:
-    """(width, height, dots per inch) from a PNG's IHDR and pHYs chunks."""
-    import struct
-
-    width, height = struct.unpack(">II", png[16:24])
-    at = png.index(b"pHYs") + 4
-    per_metre, _, unit = struct.unpack(">IIB", png[at:at + 9])
-    assert unit == 1  # metres
-    return width, height, per_metre * 0.0254
-
-
-def test_widget_controls_and_its_figure(monkeypatch):
+def test_widget_axis_switch_options_and_its_figure(monkeypatch):
     import matplotlib.pyplot as plt
 
-    closed = []
-    real_close = plt.close
+    calls, closed, real_close = [], [], plt.close
     monkeypatch.setattr(plt, "close", lambda fig: (closed.append(fig), real_close(fig)))
-    tw = TimelineWidget(lambda settings, budget: hand_log(), budgets=[4, 8], methods={"m": {}})
-    assert [c.description for c in (tw.method, tw.budget, tw.axis)] == ["method", "token budget", "x axis"]
+
+    def runner(settings, budget):
+        calls.append((settings, budget))
+        return hand_log()
+
+    tw = TimelineWidget(runner, budgets=[3, 5, 7, 9], methods={"m1": {"policy": "fcfs"}, "m2": {"policy": "priority"}})
+    assert tw.budget.value == 7 and tw.method.options == ("m1", "m2") and tw.axis.value == "steps"
+    assert all(part in tw.summary.value for part in ("m1", "budget 7", "4 steps", "1 preemptions"))
     assert tw.budget.continuous_update is False  # a slider drag runs the engine once, on release
     assert tw.widget.children == (tw.method, tw.budget, tw.axis, tw.summary, tw.image)
-    assert tw.image.format == "png"
-    # The figure drawn is closed (the Image widget shows it), titled with the method and budget,
-    # and saved at 80 dpi cropped to what was drawn (the legend outside the axis included).
+    # The figure drawn is closed (the Image widget shows it; no figure piles up), titled with the method and budget.
     (fig,) = closed
-    assert fig.axes[0].get_title() == "m, budget 8"
-    width, height, dpi = png_facts(bytes(tw.image.value))
-    assert dpi == pytest.approx(80, abs=0.05)
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    tight = fig.get_tightbbox(FigureCanvasAgg(fig).get_renderer())  # closed: give it a canvas again
-    assert abs(height - (tight.height + 2 * 0.1) * 80) <= 1  # savefig pads a tight box by 0.1 inch
+    assert fig.axes[0].get_title() == "m1, budget 7"
+    steps_png = bytes(tw.image.value)
+    tw.axis.value = "seconds"
+    assert bytes(tw.image.value) not in (steps_png, b"") and calls == [({"policy": "fcfs"}, 7)]  # redrawn, not rerun
+    tw.method.value = "m2"
+    assert calls[-1] == ({"policy": "priority"}, 7)
+    assert TimelineWidget(runner, budgets=[5, 7], x="seconds").axis.value == "seconds"

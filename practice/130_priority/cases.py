@@ -11,6 +11,7 @@ the end-to-end runs check outputs against single-request generation.
 
 import random
 
+import nano_engine.policies as policies
 import nano_engine.scheduler as ref
 from practice.endtoend import check_end_to_end
 from practice.randomized import check_random
@@ -18,7 +19,7 @@ from practice.scenarios import Arrival as A
 from practice.scenarios import Scenario, check_scenario
 from practice.worker import Case, Mismatch
 
-REFERENCE_FILE = ref.__file__
+REFERENCE_FILE = policies.__file__
 
 
 def learner(module):
@@ -29,22 +30,22 @@ def learner(module):
 
 
 def reference():
-    return ref.Scheduler
+    return policies.PriorityScheduler
 
 
 def scripted(name, aging=0.0, **scenario):
     scenario["settings"] = {"policy": "priority", "priority_aging": aging, **scenario.get("settings", {})}
     sc = Scenario(**scenario)
-    return Case(name, lambda cls: check_scenario(cls, ref.Scheduler, sc))
+    return Case(name, lambda cls: check_scenario(cls, policies.PriorityScheduler, sc))
 
 
 def randomized(name, seed, **kinds):
-    return Case(name, lambda cls: check_random(cls, ref.Scheduler, seed, 100, priority=True, **kinds))
+    return Case(name, lambda cls: check_random(cls, policies.PriorityScheduler, seed, 100, priority=True, **kinds))
 
 
 def end_to_end(name, settings, workload, **kw):
     settings = {"enable_prefix_caching": False, "policy": "priority", **settings}
-    return Case(name, lambda cls: check_end_to_end(cls, ref.Scheduler, settings, workload, **kw))
+    return Case(name, lambda cls: check_end_to_end(cls, policies.PriorityScheduler, settings, workload, **kw))
 
 
 def _stream():
