@@ -63,7 +63,7 @@ def _arrivals(sc: dict):
 # ----- nano_engine -----
 def run_nano(sc: dict, scheduler_cls=None, pool_cls=None) -> list[dict]:
     """nano_engine's decisions, step by step: [{"scheduled": [[id, n, start], ...], "preempted": [id, ...]}]."""
-    from nano_engine import BlockPool, Request, SamplingParams, Scheduler, SchedulerConfig
+    from nano_engine import BlockPool, Request, SamplingParams, SchedulerConfig, scheduler_class
 
     extra = {}  # the day ours has vLLM's later admission rule, the scenario's setting reaches it
     if "scheduler_reserve_full_isl" in SchedulerConfig.__dataclass_fields__:
@@ -72,7 +72,7 @@ def run_nano(sc: dict, scheduler_cls=None, pool_cls=None) -> list[dict]:
                           enable_chunked_prefill=sc["enable_chunked_prefill"], policy=sc["policy"], **extra)
     bs = sc["block_size"]
     pool = (pool_cls or BlockPool)(sc["num_blocks"], sc["enable_prefix_caching"])
-    s = (scheduler_cls or Scheduler)(cfg, pool, bs)
+    s = (scheduler_cls or scheduler_class(cfg.policy))(cfg, pool, bs)
     by_step, last = _arrivals(sc)
     trace = []
     for step in range(MAX_STEPS):

@@ -84,12 +84,9 @@ class IncrementalDetokenizer:
 
     def __init__(self, tokenizer, stop: Sequence[str] = (),
                  include_stop_str_in_output: bool = False, skip_special_tokens: bool = True):
-        for name, value in (("include_stop_str_in_output", include_stop_str_in_output),
-                            ("skip_special_tokens", skip_special_tokens)):
-            if not isinstance(value, bool):
-                raise TypeError(f"{name}={value!r} must be True or False")
+        """`stop` and `include_stop_str_in_output` as SamplingParams has checked them."""
         self.tokenizer = tokenizer
-        self.stop = check_stop(stop)
+        self.stop = tuple(stop)
         self.include_stop_str_in_output = include_stop_str_in_output
         self.skip_special_tokens = skip_special_tokens
         self.token_ids: list[int] = []

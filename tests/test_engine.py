@@ -11,6 +11,7 @@ import torch
 from nano_engine import LLMEngine, SamplingParams, Scheduler
 from nano_engine.mini_llm import Transformer
 from nano_engine.scheduler import SchedulerOutput
+from nano_engine.tiny import tiny_model
 
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
 # Prompts that make chunked prefill, decodes and (with 10 blocks of 4) preemption meet in one run.
@@ -38,46 +39,16 @@ def expected_samples(records, prompt_lens: dict[str, int]) -> tuple[list[int], d
 
 
 # ----- what a step records -----
-def test_each_record_counts_the_rows_that_sampled(tiny):
+def test_records_stats_and_token_times_agree_with_the_engine(tiny):
+    """Checked step by step, in a run where chunked prefill, decodes and preemption (recomputed
+    tokens) meet: each record's queues and seconds; the rows that sampled, worked out from the records
+    alone; the stats, summed over the records; each token's time, within the step that sampled it."""
     engine = LLMEngine(tiny, num_blocks=10, block_size=4, max_num_batched_tokens=12, enable_prefix_caching=False)
-    reqs = engine.generate(PROMPTS, GREEDY)
-    records = list(engine.step_log)
-    assert any(rec.preempted for rec in records), "the scenario must preempt"
-    assert any(len(rec.scheduled) > 1 and rec.num_prefill_tokens for rec in records), "and mix prefill and decodes"
-    per_step, outputs = expected_samples(records, {r.request_id: len(r.prompt_ids) for r in reqs})
-    assert [rec.num_sampled for rec in records] == per_step
-    assert outputs == {r.request_id: len(r.output_ids) for r in reqs} == {r.request_id: 6 for r in reqs}
-
-
-def test_a_record_without_chunks_sampled_nothing(tiny):
-    engine = LLMEngine(tiny)
-    rid = engine.add_request([1, 2, 3], GREEDY)
-    engine.step()
-    engine.abort(rid)
-    engine.step()  # schedules nothing, but is recorded: it carries the abort
-    rec = engine.step_log[-1]
-    assert rec.scheduled == [] and rec.aborted == [rid] and rec.num_sampled == 0
-
-
-def test_token_times_are_when_each_token_came(tiny):
-    engine = LLMEngine(tiny, max_num_batched_tokens=8)
-    before = time.perf_counter()
-    reqs = engine.generate(PROMPTS, GREEDY)
-    after = time.perf_counter()
-    for r in reqs:
-        assert len(r.token_times) == len(r.output_ids)
-        assert all(type(t) is float for t in r.token_times)
-        assert r.token_times == sorted(r.token_times) and before <= r.token_times[0] and r.token_times[-1] <= after
-
-
-def test_records_and_stats_agree_with_the_engine(tiny):
-    # Preemption (recomputed tokens), chunking and decodes, checked record by record as they come.
-    engine = LLMEngine(tiny, num_blocks=10, block_size=4, max_num_batched_tokens=12)
     created = time.perf_counter()
-    for p in PROMPTS:
-        engine.add_request(p, GREEDY)
+    reqs = [engine.requests[engine.add_request(p, GREEDY)] for p in PROMPTS]
     records = []
     while engine.has_unfinished():
+        sent = [len(r.token_times) for r in reqs]
         before = time.perf_counter()
         engine.step()
         after = time.perf_counter()
@@ -89,6 +60,12 @@ def test_records_and_stats_agree_with_the_engine(tiny):
         # start: seconds since the engine was created; duration: within the step() call
         assert before - created <= rec.start + 1e-6 and rec.start - 1e-6 <= after - created
         assert 0 < rec.duration <= after - before
+        assert all(type(t) is float and before <= t <= after for r, k in zip(reqs, sent) for t in r.token_times[k:])
+    assert any(len(rec.scheduled) > 1 and rec.num_prefill_tokens for rec in records), "prefill and decodes mix"
+    per_step, outputs = expected_samples(records, {r.request_id: len(r.prompt_ids) for r in reqs})
+    assert [rec.num_sampled for rec in records] == per_step
+    assert outputs == {r.request_id: len(r.output_ids) for r in reqs} == {r.request_id: 6 for r in reqs}
+    assert all(len(r.token_times) == 6 for r in reqs)
     assert [r.step for r in records] == list(range(len(records)))
     assert all(a.start + a.duration <= b.start + 1e-6 for a, b in zip(records, records[1:]))
     s = engine.stats
@@ -101,42 +78,40 @@ def test_records_and_stats_agree_with_the_engine(tiny):
     assert s.num_finished == len(PROMPTS) and s.num_errors == 0
 
 
-def test_every_error_is_counted(tiny, monkeypatch):
+def test_a_record_without_chunks_sampled_nothing(tiny):
     engine = LLMEngine(tiny)
-    monkeypatch.setattr(engine.runner, "forward", lambda batch: 1 / 0)
-    for _ in range(2):
-        with pytest.raises(ZeroDivisionError):
-            engine.generate([[1, 2, 3]], GREEDY)
-    assert engine.stats.num_errors == 2 and [rec.error is not None for rec in engine.step_log] == [True, True]
-    assert engine.stats.tokens == 0
+    rid = engine.add_request([1, 2, 3], GREEDY)
+    engine.step()
+    engine.abort(rid)
+    engine.step()  # schedules nothing, but is recorded: it carries the abort
+    rec = engine.step_log[-1]
+    assert rec.scheduled == [] and rec.aborted == [rid] and rec.num_sampled == 0
 
 
-def test_requests_are_numbered_in_arrival_order(tiny):
+def test_requests_are_numbered_in_arrival_order_with_priority_zero_by_default(tiny):
     engine = LLMEngine(tiny)
     ids = [engine.add_request([1, 2]), engine.add_request([3], request_id="x"), engine.add_request([4, 5])]
     assert [engine.requests[i].seq for i in ids] == [0, 1, 2]
+    assert [engine.requests[i].priority for i in ids] == [0, 0, 0]
     engine.abort(ids[0])
     engine.release(ids[0])
     assert engine.requests[engine.add_request([6])].seq == 3  # never reused
+    assert [r.priority for r in engine.generate([[1, 2]], GREEDY)] == [0]
 
 
 def test_the_model_length_and_the_vocabulary_are_inclusive_bounds(tiny):
     engine = LLMEngine(tiny, num_blocks=1100, block_size=4)
     max_len, vocab = tiny.config.max_position_embeddings, tiny.config.vocab_size
     engine.add_request([1] * 10, SamplingParams(max_tokens=max_len - 10))  # exactly the model's length
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match=rf"max_tokens \({max_len - 9}\).*max_position_embeddings={max_len}"):
         engine.add_request([1] * 10, SamplingParams(max_tokens=max_len - 9))
-    assert str(err.value) == (f"prompt (10) + max_tokens ({max_len - 9}) = {max_len + 1} tokens, above the "
-                              f"model's max_position_embeddings={max_len}")
     engine.add_request([1], SamplingParams(logprobs=vocab))  # every token's logprob
-    with pytest.raises(ValueError, match=f"^logprobs={vocab + 1} must be <= the vocabulary size {vocab}$"):
+    with pytest.raises(ValueError, match=f"logprobs={vocab + 1}.*{vocab}"):
         engine.add_request([1], SamplingParams(logprobs=vocab + 1))
 
 
 @pytest.mark.parametrize("eos, expected", [(5, {5}), ([5, 7], {5, 7}), ((), set()), (None, set())])
 def test_the_models_end_of_sequence_ids(eos, expected):
-    from nano_engine.tiny import tiny_model
-
     model = tiny_model(seed=0)
     model.config.eos_token_id = eos
     assert LLMEngine(model).eos_token_ids == expected
@@ -162,17 +137,18 @@ def test_the_sampler_is_given_each_requests_history(tiny, monkeypatch):
 
 
 # ----- a failed step and the KV pool -----
-def test_a_failed_step_keeps_the_prefix_cache(tiny, monkeypatch):
+def test_failed_steps_are_recorded_and_counted_and_keep_the_prefix_cache(tiny, monkeypatch):
     engine = LLMEngine(tiny, num_blocks=16, block_size=4)
     shared = list(range(1, 14))
     engine.generate([shared], GREEDY)
-    pool = engine.block_pool
+    pool, steps, tokens = engine.block_pool, len(engine.step_log), engine.stats.tokens
     real = engine.runner.forward
     monkeypatch.setattr(engine.runner, "forward", lambda batch: 1 / 0)
-    with pytest.raises(ZeroDivisionError):
-        engine.generate([[20, 21, 22]], GREEDY)
-    rec = engine.step_log[-1]
-    assert rec.error == "ZeroDivisionError: division by zero" and rec.num_sampled == 0
+    for _ in range(2):
+        with pytest.raises(ZeroDivisionError):
+            engine.generate([[20, 21, 22]], GREEDY)
+    assert engine.stats.num_errors == 2 and engine.stats.tokens == tokens and len(engine.step_log) == steps + 2
+    assert all("ZeroDivisionError" in rec.error and rec.num_sampled == 0 for rec in list(engine.step_log)[-2:])
     monkeypatch.setattr(engine.runner, "forward", real)
     assert engine.block_pool is pool and engine.scheduler.pool is pool  # nothing leaked: no new pool
     again = engine.generate([shared], GREEDY)[0]
@@ -199,33 +175,16 @@ def test_blocks_taken_by_a_scheduler_that_raised_are_given_back(tiny, monkeypatc
 
 
 # ----- the request API -----
-def test_requests_default_to_priority_zero(tiny):
-    engine = LLMEngine(tiny)
-    rid = engine.add_request([1, 2, 3])
-    assert engine.requests[rid].priority == 0
-    assert [r.priority for r in engine.generate([[1, 2], [3]], GREEDY)] == [0, 0]
-
-
 def test_abort_takes_stop_or_abort_and_refuses_anything_else(tiny):
     engine = LLMEngine(tiny)
     a, b = engine.add_request([1, 2, 3]), engine.add_request([4, 5])
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match="finish_reason='halt'"):
         engine.abort(a, "halt")
-    assert str(err.value) == "finish_reason='halt' is not one of ('abort', 'stop')"
     assert not engine.requests[a].is_finished  # refused before anything changed
     engine.abort(a, "stop")
     engine.abort(b)
     assert (engine.requests[a].finish_reason, engine.requests[b].finish_reason) == ("stop", "abort")
     assert engine.block_pool.num_free == engine.block_pool.num_blocks
-
-
-def test_a_stop_token_gives_its_id_as_the_stop_reason(tiny):
-    free = LLMEngine(tiny).generate([[1, 2, 3]], GREEDY)[0].output_ids
-    stop = free[2]
-    req = LLMEngine(tiny).generate([[1, 2, 3]], SamplingParams(max_tokens=6, ignore_eos=True,
-                                                                stop_token_ids=[stop]))[0]
-    k = free.index(stop)
-    assert req.output_ids == free[:k + 1] and req.finish_reason == "stop" and req.stop_reason == stop
 
 
 # ----- a scheduler of one's own -----
@@ -286,9 +245,8 @@ def test_a_step_with_news_but_no_chunks_is_recorded(tiny, scheduler_cls, waiting
 def test_generate_stops_a_scheduler_that_schedules_nothing(tiny):
     Idle.calls = 0
     engine = LLMEngine(tiny, scheduler_cls=Idle)
-    with pytest.raises(RuntimeError) as err:
+    with pytest.raises(RuntimeError, match="scheduled nothing"):
         engine.generate([[1, 2, 3], [4, 5]], GREEDY)
-    assert str(err.value) == "step 0 scheduled nothing with 2 requests waiting"
     assert Idle.calls == 1 and not engine.requests and not engine.has_unfinished()
 
 
@@ -299,14 +257,14 @@ def test_reset_prefix_cache_empties_the_pool(tiny, caching):
     shared = list(range(1, 14))
     engine.generate([shared], GREEDY)
     rid = engine.add_request([5, 6])
-    with pytest.raises(RuntimeError, match="^cannot reset the prefix cache while requests are unfinished$"):
+    with pytest.raises(RuntimeError, match="unfinished"):
         engine.reset_prefix_cache()
     engine.abort(rid)
     assert engine.generate([shared], GREEDY)[0].num_cached_tokens == (12 if caching else 0)
     pool = engine.block_pool
     engine.reset_prefix_cache()
     assert engine.block_pool is pool and engine.scheduler.pool is pool  # emptied in place: one pool, shared
-    assert (pool.num_blocks, pool.num_free, pool.enable_prefix_caching, pool.cached) == (20, 20, caching, {})
+    assert pool.num_free == 20 and not pool.cached
     pool.check()
     assert engine.generate([shared], GREEDY)[0].num_cached_tokens == 0  # forgotten
     assert engine.generate([shared], GREEDY)[0].num_cached_tokens == (12 if caching else 0)

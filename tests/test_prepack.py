@@ -16,6 +16,7 @@ from nano_engine.mini_llm import PackedWeight, Transformer, generate, linear
 from nano_engine.sampling import SamplingParams
 from nano_engine.tiny import tiny_model
 
+
 @pytest.fixture(scope="module")
 def embedded():
     return Transformer.from_pretrained(prepack=True)
@@ -54,9 +55,13 @@ def test_packed_linear_gives_each_row_the_same_bits_in_any_batch(shape):
                           rtol=1e-5, atol=1e-3)
 
 
-def test_every_matmul_of_a_forward_pass_reads_a_packed_weight(monkeypatch):
-    model = tiny_model(seed=1, dtype=torch.float32).prepack()
-    assert model.prepacked
+@pytest.mark.parametrize("fused", [False, True])
+def test_every_matmul_reads_a_packed_weight_and_the_tokens_stay(fused, monkeypatch):
+    model = tiny_model(seed=1, dtype=torch.float32)
+    if fused:
+        model.fuse()
+    plain = generate(model, [5, 6, 7, 8], 12)
+    assert model.prepack() is model and model.prepacked
     calls = []
     real = mini_llm.linear
 
@@ -67,16 +72,12 @@ def test_every_matmul_of_a_forward_pass_reads_a_packed_weight(monkeypatch):
     monkeypatch.setattr(mini_llm, "linear", spy)
     with torch.inference_mode():
         model.compute_logits(model(torch.tensor([3, 4, 5]), torch.arange(3)))
-    layers = model.config.num_hidden_layers
-    assert len(calls) == 7 * layers + 1  # q, k, v, o, gate, up, down in each layer (unfused), the head
-    assert all(calls)
-
-
-def test_the_fused_embedded_model_is_packed_at_every_site(embedded):
-    assert embedded.prepacked
-    sites = list(embedded.linear_sites())
-    assert len(sites) == 4 * embedded.config.num_hidden_layers + 1  # qkv, o, gate_up, down; the head
-    assert len({id(w) for _, _, w in sites}) == len(sites)
+    # q, k, v, o, gate, up, down in each layer (q/k/v and gate/up one each when fused), the head
+    assert len(calls) == (4 if fused else 7) * model.config.num_hidden_layers + 1 and all(calls)
+    assert generate(model, [5, 6, 7, 8], 12) == plain
+    monkeypatch.undo()
+    assert model.unpack() is model and not model.prepacked  # back to the plain path
+    assert generate(model, [5, 6, 7, 8], 12) == plain
 
 
 def test_packed_and_plain_give_the_same_greedy_tokens(embedded, prompts):
@@ -108,10 +109,17 @@ def test_an_engine_batch_of_one_and_of_many_agree_on_packed_weights(embedded, pr
 
 
 def test_a_changed_weight_is_never_read_from_a_stale_pack():
+    gen = torch.Generator().manual_seed(0)
+    w, x = torch.randn(24, 16, generator=gen), torch.randn(3, 16, generator=gen)
+    packed = PackedWeight(w)
+    assert packed.matches(w) and not packed.matches(w.clone()) and not packed.matches(w[:12])
+    w.mul_(2)  # in place: same storage and shape, a new version
+    assert not packed.matches(w)
+    assert torch.allclose(linear(x, w, packed=packed), x @ w.T, rtol=1e-5, atol=1e-5)  # the stale one is not read
     model = tiny_model(seed=2, dtype=torch.float32).prepack()
     x = torch.tensor([1, 2, 3])
     with torch.inference_mode():
-        model.lm_head.weight.mul_(2.0)  # in place: the version counter moves
+        model.lm_head.weight.mul_(2.0)  # one stale site is enough
         assert not model.prepacked
         hidden = model(x, torch.arange(3))
         assert torch.equal(model.compute_logits(hidden), linear(hidden, model.lm_head.weight))  # the plain path
@@ -122,20 +130,18 @@ def test_a_changed_weight_is_never_read_from_a_stale_pack():
     assert model(x, torch.arange(3)).dtype == torch.float64
 
 
-def test_unpack_returns_to_the_plain_path():
-    model = tiny_model(seed=3, dtype=torch.float32).prepack()
-    model.unpack()
-    assert not model.prepacked
-    assert all(getattr(o, a) is None for o, a, _ in model.linear_sites())
-
-
-def test_prepack_refuses_other_dtypes_and_non_flags():
+def test_prepack_refuses_other_dtypes_non_flags_and_a_torch_without_onednn(monkeypatch):
     with pytest.raises(ValueError, match="float32.*bfloat16"):
         tiny_model(dtype=torch.bfloat16).prepack()
     with pytest.raises(TypeError, match="prepack='yes'"):
         Transformer.from_pretrained(prepack="yes")
-    with pytest.raises(ValueError, match="prepack=True needs dtype float32, got torch.bfloat16"):
+    with pytest.raises(ValueError, match="prepack=True .*float32"):
         Transformer.from_pretrained(dtype="bf16", prepack=True)
+    monkeypatch.setattr(mini_llm, "ONEDNN_FP32", False)
+    model = tiny_model(dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="oneDNN"):
+        model.prepack()
+    assert not model.prepacked
 
 
 def test_a_prepacked_server_answers_what_generate_gives(embedded, prompts):

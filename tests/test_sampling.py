@@ -1,4 +1,5 @@
-"""Sampling: greedy, temperature, top-k, top-p in vLLM's order, and seeds independent of the batch.
+"""Sampling: greedy, temperature, top-k, top-p in vLLM's order, seeds independent of the batch, and
+ties, defaults and the logits' dtype.
 
 The distribution tests draw a few thousand tokens from fixed logits and compare the frequencies
 with the distribution computed here, independently, in float64: temperature first, then top-k,
@@ -13,7 +14,8 @@ import pytest
 import torch
 
 from nano_engine import LLMEngine, SamplingParams
-from nano_engine.sampling import filter_logits, sample_one
+from nano_engine.sampling import (SamplingMetadata, apply_logit_bias, apply_penalties, distribution, filter_logits,
+                                  sample, sample_one, top_logprobs)
 
 LOGITS = torch.tensor([2.0, 1.0, 0.0, -1.0, -2.0])
 DRAWS = 4000  # standard error of a frequency <= 0.008; total variation noise about 0.01
@@ -116,34 +118,9 @@ def test_each_seed_is_its_own_stream(tiny):
     assert again == out[1]
 
 
-def test_seeded_request_is_independent_of_the_batch(tiny):
-    sp = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, top_k=20, seed=1234)
-    alone = LLMEngine(tiny).generate([[3, 4, 5]], sp)[0].output_ids
-    crowd = LLMEngine(tiny, max_num_batched_tokens=5).generate(
-        [[9, 9, 9, 9], [3, 4, 5], [7, 1]],
-        [SamplingParams(max_tokens=8, temperature=0.7), sp, SamplingParams(max_tokens=5, seed=1)])
-    assert crowd[1].output_ids == alone
-    # Only the seed differs: the stream must differ.
-    other_seed = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, top_k=20, seed=99)
-    assert LLMEngine(tiny).generate([[3, 4, 5]], other_seed)[0].output_ids != alone
-
-
-def test_stop_tokens_and_ignore_eos(tiny):
-    engine = LLMEngine(tiny)
-    free = engine.generate([[5, 6]], SamplingParams(max_tokens=6, ignore_eos=True))[0]
-    assert free.finish_reason == "length" and len(free.output_ids) == 6
-    stop = free.output_ids[2]
-    first = free.output_ids.index(stop)
-    cut = LLMEngine(tiny).generate([[5, 6]], SamplingParams(max_tokens=6, ignore_eos=True,
-                                                            stop_token_ids=(stop,)))[0]
-    assert cut.finish_reason == "stop" and cut.output_ids == free.output_ids[:first + 1]
-
-
-# ----- the details mutation testing found unchecked (make mutants) -----
+# ----- ties, defaults, dtypes, and each parameter alone -----
 
 def test_ties_keep_the_lower_token_id_first_in_logprobs_and_at_the_top_p_edge():
-    from nano_engine.sampling import top_logprobs
-
     flat = torch.tensor([0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0] * 4)  # 32 values, many ties
     ids, values = top_logprobs(flat, 6)
     assert ids == [1, 2, 4, 5, 7, 9] and values == [1.0] * 6
@@ -152,66 +129,52 @@ def test_ties_keep_the_lower_token_id_first_in_logprobs_and_at_the_top_p_edge():
     assert kept == [0, 2, 4, 6, 8, 10, 12]
 
 
-def test_top_p_of_one_and_the_defaults_filter_nothing():
-    from nano_engine.request import SAMPLING_EPS
-    from nano_engine.sampling import distribution
-
+def test_top_p_of_one_and_the_defaults_filter_nothing_and_temperature_0_is_greedy():
     x = torch.tensor([0.0, -30.0, -40.0, -30.0])  # a tail whose mass rounds to nothing in float32
     assert torch.equal(filter_logits(x, 0, 1.0), x)
     even = torch.tensor([0.0, 0.0, -1.0])
     assert torch.allclose(distribution(even, 1.0), even.softmax(-1))  # no top-p, no min-p by default
-    # Greedy below SAMPLING_EPS: all the mass on the first largest logit, in float32.
-    greedy = distribution(torch.tensor([1.0, 3.0, 3.0], dtype=torch.float64), 0.0)
-    assert greedy.dtype == torch.float32 and greedy.tolist() == [0.0, 1.0, 0.0]
-    assert distribution(torch.tensor([1.0, 1.0]), SAMPLING_EPS).tolist() == [0.5, 0.5]  # not greedy
+    # Greedy: all the mass on the first largest logit
+    assert distribution(torch.tensor([1.0, 3.0, 3.0], dtype=torch.float64), 0.0).tolist() == [0.0, 1.0, 0.0]
 
 
-def test_logit_bias_adds_and_penalties_subtract_in_the_logits_dtype():
-    from nano_engine.sampling import apply_logit_bias, apply_penalties
-
+def test_penalties_are_exact_in_float64_logits():
     x = torch.tensor([[2.0, -1.0, 0.5]], dtype=torch.float64)
     assert apply_logit_bias(x, [{0: 1.0, 1: -0.25}]).tolist() == [[3.0, -1.25, 0.5]]
-    # Frequency 1.0 is a penalty (only 0 is off); 0.1 x count is exact in float64, not in float32.
-    out = apply_penalties(x, [[2]], [[0, 0, 1]], [1.0], [1.0], [0.0])
-    assert out.tolist() == [[0.0, -2.0, 0.5]]
+    # 0.1 x count is exact in float64, not in float32.
     out = apply_penalties(x, [[2]], [[0, 0, 1]], [1.0], [0.1], [0.3])
     assert out.tolist() == [[2.0 - 0.1 * 2 - 0.3, -1.0 - 0.1 - 0.3, 0.5]]
 
 
 @pytest.mark.parametrize("penalty", [dict(repetition_penalty=2.0), dict(frequency_penalty=1.0),
                                      dict(presence_penalty=1.0)])
-def test_a_greedy_request_with_one_penalty_alone_takes_the_penalized_path(penalty):
+def test_a_greedy_request_with_one_penalty_alone_is_penalized(penalty):
     # Token 0 leads by 0.5 but has been generated twice: each penalty alone must hand the step to token 1.
-    from nano_engine.sampling import sample
-
     logits = torch.tensor([[3.0, 2.5, 0.0]])
     params = SamplingParams(max_tokens=4, **penalty)
-    assert sample(logits, [params], [None], [[2]], [[0, 0]]).token_ids == [1]
-    assert sample(logits, [SamplingParams(max_tokens=4)], [None], [[2]], [[0, 0]]).token_ids == [0]
+    assert sample(logits, SamplingMetadata([params], [None], [[2]], [[0, 0]])).token_ids == [1]
+    assert sample(logits, SamplingMetadata([SamplingParams(max_tokens=4)], [None], [[2]], [[0, 0]])).token_ids == [0]
 
 
-def test_sample_uses_the_history_it_is_given_and_none_when_not_in_float32_at_least():
-    from nano_engine.sampling import sample
-
+def test_sample_uses_the_history_it_is_given_in_float32_at_least():
     logits = torch.tensor([[3.0, 2.5, 0.0]])
     rep = SamplingParams(max_tokens=4, repetition_penalty=3.0)
-    assert sample(logits, [rep], [None], [[0]], [[]]).token_ids == [1]  # token 0 seen in the prompt only
-    assert sample(logits, [rep], [None]).token_ids == [0]  # no history given: nothing seen
+    assert sample(logits, SamplingMetadata([rep], [None], [[0]], [[]])).token_ids == [1]  # seen in the prompt only
+    assert sample(logits, SamplingMetadata([rep], [None])).token_ids == [0]  # no history given: nothing seen
     # min_tokens=1: the end-of-sequence token (the argmax) is barred from the first output token only.
     first = SamplingParams(max_tokens=4, min_tokens=1)
-    assert sample(logits, [first], [None], [[2]], [[]], eos_token_ids=[0]).token_ids == [1]
-    assert sample(logits, [first], [None], [[2]], [[1]], eos_token_ids=[0]).token_ids == [0]
+    assert sample(logits, SamplingMetadata([first], [None], [[2]], [[]], eos_token_ids=[0])).token_ids == [1]
+    assert sample(logits, SamplingMetadata([first], [None], [[2]], [[1]], eos_token_ids=[0])).token_ids == [0]
     # bfloat16 logits are penalized in float32: 2.0 - 0.005 stays above 1.9921875 (in bfloat16 they would tie).
     bf = torch.tensor([[1.9921875, 2.0]], dtype=torch.bfloat16)
     freq = SamplingParams(max_tokens=4, frequency_penalty=0.005)
-    assert sample(bf, [freq], [None], [[0]], [[1]]).token_ids == [1]
+    assert sample(bf, SamplingMetadata([freq], [None], [[0]], [[1]])).token_ids == [1]
 
 
-def test_logprobs_come_only_when_asked_for_on_the_per_row_path():
-    from nano_engine.sampling import sample
-
+def test_logprobs_come_only_when_asked_for():
     logits = torch.tensor([[3.0, 2.5, 0.0]])
     hot = SamplingParams(max_tokens=4, temperature=1.0, seed=1)
-    out = sample(logits.repeat(2, 1), [hot, SamplingParams(max_tokens=4, temperature=1.0, seed=1, logprobs=2)],
-                 [torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)])
+    out = sample(logits.repeat(2, 1), SamplingMetadata(
+        [hot, SamplingParams(max_tokens=4, temperature=1.0, seed=1, logprobs=2)],
+        [torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)]))
     assert out.logprobs[0] is None and out.logprobs[1].top_ids == [0, 1]

@@ -102,20 +102,17 @@ def test_stop_strings_without_a_tokenizer_are_refused_before_anything_changes():
     assert eng.generate([[1, 2, 3]], SamplingParams(max_tokens=3))[0].output_ids  # the engine serves on
 
 
-@pytest.mark.parametrize("bad, error, message", [
-    ([""], ValueError, "must not contain an empty string"),
-    ([1], TypeError, "must be a string or a list of strings"),
-    (b"ab", TypeError, "must be a string or a list of strings"),
-    (5, TypeError, "must be a string or a list of strings"),
-])
-def test_bad_stop_strings_are_refused_by_name(bad, error, message):
-    with pytest.raises(error, match=message) as e:
+@pytest.mark.parametrize("bad, error", [([""], ValueError), ([1], TypeError), (b"ab", TypeError), (5, TypeError)])
+def test_bad_stop_strings_are_refused_by_name(bad, error):
+    with pytest.raises(error, match="^stop="):
         SamplingParams(stop=bad)
-    assert "stop=" in str(e.value)
-    with pytest.raises(TypeError, match="include_stop_str_in_output=1 must be True or False"):
-        SamplingParams(stop="a", include_stop_str_in_output=1)
+
+
+def test_stop_in_sampling_params_is_a_tuple_of_strings():
     assert SamplingParams(stop=None).stop == () and SamplingParams(stop=["a", "b"]).stop == ("a", "b")
     assert hash(SamplingParams(stop=["a"])) == hash(SamplingParams(stop=("a",)))
+    with pytest.raises(TypeError, match="include_stop_str_in_output=1"):
+        SamplingParams(stop="a", include_stop_str_in_output=1)
 
 
 def test_the_async_engine_streams_the_engines_text_once_and_its_stop_reason(tok):
@@ -128,7 +125,7 @@ def test_the_async_engine_streams_the_engines_text_once_and_its_stop_reason(tok)
     ids, text = unstopped(tok, PROMPTS[0])
     stop = text[len(text) // 2:len(text) // 2 + 2]
     n = first_token_completing(tok, ids, stop)
-    llm = AsyncLLM(LLMEngine(MODEL, num_blocks=64, block_size=4), tok)  # the tokenizer given to AsyncLLM only
+    llm = AsyncLLM(LLMEngine(MODEL, tok, num_blocks=64, block_size=4))
 
     async def main():
         sp = SamplingParams(max_tokens=40, ignore_eos=True, stop=[stop])

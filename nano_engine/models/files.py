@@ -95,7 +95,8 @@ def check_config(raw, source) -> None:
 
 def normalize_config(raw: dict, state_dict: dict) -> dict:
     """Fill the fields the engine reads, whichever transformers version wrote the config."""
-    cfg = dict(raw)
+    # A field written as null is a field left out (check_config reads it so too).
+    cfg = {k: v for k, v in raw.items() if v is not None}
     cfg["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
     # transformers >= 5 writes rope_theta (and any scaling) inside rope_parameters.
