@@ -1,8 +1,11 @@
 """The OpenAI-compatible server, through the real `openai` client, on the embedded model.
 
 A server runs in this process (uvicorn in a thread, 127.0.0.1, a free port) so that the tests can
-look inside its engine; test_serve_cli_* start `python -m nano_engine serve` as a child process.
-Both are stopped by the fixture that started them, whatever happens in the test."""
+look inside its engine; test_serve_cli_serves_and_stops_on_sigterm starts `python -m nano_engine
+serve` as a child process. Both are stopped by the fixture that started them, whatever happens in
+the test. The serve command's other tests run it in-process with the model and uvicorn replaced by
+spies, and the app's own tests (what reaches the engine, what goes back on the wire, each refusal)
+run it on a scripted engine."""
 
 from __future__ import annotations
 
@@ -12,8 +15,6 @@ import json
 import re
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from types import SimpleNamespace
@@ -25,13 +26,13 @@ import torch
 import uvicorn
 from fastapi.testclient import TestClient
 
-from nano_engine import LLMEngine, SamplingParams, generate
+import nano_engine.cli.serve as serve_cli
+from nano_engine import EngineConfig, LLMEngine, SamplingParams, generate
 from nano_engine.serving.async_llm import AsyncLLM, EngineDeadError, RequestOutput
 from nano_engine.serving.launcher import ServerProcess
 from nano_engine.models.loading import chat_prompt_ids
-from nano_engine.serving.protocol import APIError, ChatCompletionRequest as Chat, CompletionRequest as Comp
 from nano_engine.sampling import SampleLogprobs
-from nano_engine.serving.server import OpenAIServing, _disconnected, _text, build_app
+from nano_engine.serving.server import build_app
 
 NUM_BLOCKS, BLOCK_SIZE = 128, 16
 CHAT = ["What is the capital of France?", "Name three colors.", "Write a haiku about the sea.",
@@ -108,13 +109,8 @@ def wait_idle(s, timeout: float = 60) -> dict[str, float]:
         time.sleep(0.05)
 
 
-def test_models_and_health(server):
-    models = server.client.models.list()
-    assert [m.id for m in models.data] == ["smol"]
-    assert httpx.get(f"{server.url}/health").status_code == 200
-
-
 def test_completion_equals_single_request_generate(server):
+    assert [m.id for m in server.client.models.list().data] == ["smol"]
     ids = server.tok("The capital of France is")["input_ids"]
     want = reference(server, ids, 12)
     for prompt in (ids, "The capital of France is"):
@@ -210,7 +206,8 @@ BAD = [
     ({"logit_bias": {"x": 1}}, "logit_bias"), ({"logit_bias": {"10000000": 1}}, "logit_bias"),
     ({"logit_bias": {"-1": 1}}, "logit_bias"), ({"top_logprobs": 2}, "top_logprobs"), ({"best_of": 2}, "best_of"),
     ({"prompt": []}, "prompt"), ({"prompt": [10 ** 7]}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"),
-    ({"prompt": None}, "prompt"), ({"stream_options": {"include_usage": True}}, "stream_options"), ({"stop_token_ids": [-1]}, "stop_token_ids"), ({"ignore_eos": "maybe"}, "ignore_eos"),
+    ({"prompt": None}, "prompt"), ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"stop_token_ids": [-1]}, "stop_token_ids"), ({"ignore_eos": "maybe"}, "ignore_eos"),
     ({"cache_salt": ""}, "cache_salt"), ({"cache_salt": 5}, "cache_salt"),
 ]
 
@@ -221,28 +218,19 @@ def test_each_bad_value_is_a_400_naming_its_param(server, fields, param):
     prompt = body.pop("prompt")
     with pytest.raises(openai.BadRequestError) as e:
         server.client.completions.create(model="smol", prompt=prompt, extra_body=body)
-    assert e.value.status_code == 400 and e.value.param == param, e.value.message
+    assert e.value.status_code == 400 and e.value.param == param and param in e.value.message, e.value.message
     assert wait_idle(server)["vllm:num_requests_waiting"] == 0
 
 
-def test_bad_chat_values_and_an_unknown_model(server):
+def test_an_unknown_model_a_bad_chat_and_a_broken_body_are_refused_by_name(server):
+    """The openai client sees each refusal's status and param (the scripted-engine tests below have the rest)."""
     with pytest.raises(openai.NotFoundError) as e:
         server.client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "hi"}])
-    assert e.value.param == "model"
-    for messages in ([], [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]):
-        with pytest.raises(openai.BadRequestError) as e:
-            server.client.chat.completions.create(model="smol", messages=messages, max_tokens=4)
-        assert e.value.param == "messages"
+    assert e.value.param == "model" and "gpt-4" in e.value.message
     with pytest.raises(openai.BadRequestError) as e:
         server.client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "x"}],
                                               max_completion_tokens=9000)
-    assert e.value.param == "max_completion_tokens"
-    hi = [{"role": "user", "content": "hi"}]
-    for kw, param in (({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-                      ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools")):
-        with pytest.raises(openai.BadRequestError) as e:
-            server.client.chat.completions.create(model="smol", messages=hi, max_tokens=4, **kw)
-        assert e.value.param == param, e.value.message
+    assert e.value.param == "max_completion_tokens" and "max_completion_tokens" in e.value.message
     r = httpx.post(f"{server.url}/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
 
@@ -277,8 +265,6 @@ def test_completion_logprobs_streamed_and_not(server):
     assert sum((x.tokens for x in streamed), []) == lp.tokens
     assert sum((x.token_logprobs for x in streamed), []) == lp.token_logprobs
     assert sum((x.text_offset for x in streamed), []) == lp.text_offset
-    none = server.client.completions.create(model="smol", prompt=ids, max_tokens=2, temperature=0)
-    assert none.choices[0].logprobs is None
 
 
 def test_chat_logprobs_streamed_and_not(server):
@@ -379,317 +365,121 @@ def test_serve_cli_serves_and_stops_on_sigterm():
         httpx.get(f"{server.url}/health")
 
 
-def test_a_server_started_from_a_short_lived_thread_outlives_it():
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1) as pool:
-        server = pool.submit(ServerProcess("--max-num-seqs", "2").start).result()
-    try:  # the thread that asked for it is gone; the server is not
-        time.sleep(1.0)
-        assert server.proc.poll() is None and httpx.get(f"{server.url}/health").status_code == 200
-    finally:
-        assert server.stop() == 0
-
-
-@pytest.mark.parametrize("flags, says", [(["--port", "70000"], "--port"), (["--max-num-seqs", "0"], "--max-num-seqs"),
-                                         (["--scheduling-policy", "lifo"], "--scheduling-policy"),
-                                         (["--dtype", "int8"], "--dtype"),
-                                         (["--dtype", "bf16", "--prepack"], "--prepack needs --dtype float32"),
-                                         (["--attention-backend", "cuda"], "--attention-backend"),
-                                         (["--dtype", "float16", "--attention-backend", "c"],
-                                          "--attention-backend c runs float32 and bfloat16, got --dtype float16")])
-def test_serve_cli_refuses_bad_flags_in_one_line(flags, says):
-    r = subprocess.run([sys.executable, "-m", "nano_engine", "serve", *flags], capture_output=True, text=True,
-                       timeout=60)
-    assert r.returncode == 2 and says in r.stderr.strip().splitlines()[-1]
-
-
-def test_serve_cli_loads_and_steps_the_model_in_the_engine_thread(tiny, monkeypatch):
-    # serve hands AsyncLLM a function that makes the engine: the model is loaded in the thread that steps it,
-    # and the event loop's thread (here: this one) runs no torch at all.
-    import nano_engine.cli.serve as serve_cli
-    from nano_engine.mini_llm import Transformer
-
-    loaded_in, served = [], []
-
-    def from_pretrained(path, **kwargs):
-        loaded_in.append((threading.current_thread(), kwargs))
-        return tiny
-
-    def fake_run(self, *args, **kwargs):  # instead of serving: what the app was given
-        served.append(threading.current_thread())
-
-    monkeypatch.setattr(Transformer, "from_pretrained", staticmethod(from_pretrained))
-    monkeypatch.setattr(uvicorn.Server, "run", fake_run)
-    monkeypatch.setattr(serve_cli.signal, "signal", lambda *a: None)  # keep pytest's SIGTERM handler
-    assert serve_cli.main(["--port", "0", "--max-num-seqs", "2", "--prepack"]) == 0
-    (thread, kwargs), = loaded_in
-    assert thread.name == "nano_engine-core" and thread is not threading.current_thread()
-    assert kwargs["prepack"] is True and served == [threading.current_thread()]
-    assert not thread.is_alive()  # run() shut the engine down on the way out
-
-
-def test_serve_cli_passes_the_attention_backend_to_the_engine(monkeypatch):
-    import nano_engine.cli.serve as serve_cli
-    from nano_engine.engine import LLMEngine
-    from nano_engine.mini_llm import Transformer
-    from nano_engine.tiny import tiny_model
-
-    backends = []
-    real_init = LLMEngine.__init__
-
-    def init(self, *args, **kwargs):
-        real_init(self, *args, **kwargs)
-        backends.append(self.runner.attention_backend)
-
-    monkeypatch.setattr(Transformer, "from_pretrained", staticmethod(lambda path, **kw: tiny_model(dtype=torch.float32)))
-    monkeypatch.setattr(LLMEngine, "__init__", init)
-    monkeypatch.setattr(uvicorn.Server, "run", lambda self, *a, **kw: None)
-    monkeypatch.setattr(serve_cli.signal, "signal", lambda *a: None)
-    for flags, want in (([], "torch"), (["--attention-backend", "c"], "c")):
-        assert serve_cli.main(["--port", "0", *flags]) == 0
-        assert backends.pop() == want
-
-
-# ----- protocol.py on its own: what each refused field says, whole -----
-_c, _m = {"prompt": "hi"}, {"messages": [{"role": "user", "content": "x"}]}
-PROTOCOL_REFUSALS = [  # (request class, body, the param named, the whole message)
-    (Comp, {**_c, "best_of": 2}, "best_of", "best_of=2 is not supported by this server (leave it unset)"),
-    (Comp, {**_c, "echo": True}, "echo", "echo=True is not supported by this server (leave it unset)"),
-    (Comp, {**_c, "suffix": "s"}, "suffix", "suffix='s' is not supported by this server (leave it unset)"),
-    (Chat, {**_m, "tools": [{"a": 1}]}, "tools", "tools=[{'a': 1}] is not supported by this server (leave it unset)"),
-    (Comp, {**_c, "stream_options": {"include_usage": True}}, "stream_options",
-     "stream_options can only be set when stream is true"),
-    (Comp, {**_c, "n": 2}, "n", "n=2 is not supported: this server returns one choice per request (n=1)"),
-    (Comp, {**_c, "logprobs": 21}, "logprobs", "logprobs=21 must be in [0, 20]"),
-    (Comp, {**_c, "logprobs": -1}, "logprobs", "logprobs=-1 must be in [0, 20]"),
-    (Chat, {**_m, "top_logprobs": 21, "logprobs": True}, "top_logprobs", "top_logprobs=21 must be in [0, 20]"),
-    (Chat, {**_m, "top_logprobs": -1, "logprobs": True}, "top_logprobs", "top_logprobs=-1 must be in [0, 20]"),
-    (Chat, {**_m, "top_logprobs": 2}, "top_logprobs", "top_logprobs=2 needs logprobs=true"),
-    (Chat, {**_m, "top_logprobs": 1}, "top_logprobs", "top_logprobs=1 needs logprobs=true"),  # the smallest k > 0
-    (Comp, {**_c, "top_logprobs": 2}, "top_logprobs",
-     "top_logprobs is a chat parameter: completions take logprobs=<int>"),
-    (Chat, {**_m, "response_format": {"type": "json_object"}}, "response_format",
-     "response_format={'type': 'json_object'} is not supported (only {'type': 'text'})"),
-]
-
-
-@pytest.mark.parametrize("cls, body, param, message", PROTOCOL_REFUSALS)
-def test_check_supported_refuses_by_name_whole(cls, body, param, message):
-    from nano_engine.serving.protocol import APIError, check_supported
-
-    with pytest.raises(APIError) as e:
-        check_supported(cls(**body))
-    assert (e.value.message, e.value.param, e.value.status, str(e.value)) == (message, param, 400, message)
-    assert e.value.body() == {"error": {"message": message, "type": "BadRequestError", "param": param, "code": 400}}
-
-
-def test_check_supported_takes_the_defaults_and_the_bounds():
-    from nano_engine.serving.protocol import ChatCompletionRequest as Chat, CompletionRequest as Comp, check_supported
-
-    c, m = {"prompt": "hi"}, {"messages": [{"role": "user", "content": "x"}]}
-    for cls, body in [(Comp, {**c, "best_of": 1}), (Comp, {**c, "suffix": ""}), (Comp, {**c, "echo": False}),
-                      (Chat, {**m, "tools": []}), (Comp, {**c, "stream": True, "stream_options": {}}),
-                      (Comp, {**c, "logprobs": 0}), (Comp, {**c, "logprobs": 20}),
-                      (Chat, {**m, "top_logprobs": 0}), (Chat, {**m, "top_logprobs": 20, "logprobs": True}),
-                      (Chat, {**m, "response_format": {"type": "text"}}), (Chat, {**m, "unknown_extra": 1})]:
-        check_supported(cls(**body))
-
-
-def test_api_error_body_param_of_and_validation_error():
-    from nano_engine.serving.protocol import APIError, param_of, validation_error
-
-    e = APIError("no such model", "model", 404, "NotFoundError", "model_not_found")
-    assert e.body() == {"error": {"message": "no such model", "type": "NotFoundError", "param": "model",
-                                  "code": "model_not_found"}}
-    assert APIError("x").body() == {"error": {"message": "x", "type": "BadRequestError", "param": None, "code": 400}}
-    assert param_of(ValueError("max_tokens=0 must be an integer >= 1")) == "max_tokens"
-    assert param_of(ValueError("temperature=-1 must be")) == "temperature"
-    assert param_of(ValueError("max_tokens=0"), {"max_tokens": "max_completion_tokens"}) == "max_completion_tokens"
-    assert param_of(ValueError("Prompt too long")) is None and param_of(ValueError("")) is None
-    e = validation_error([{"loc": ("body", "messages", 0, "role"), "msg": "Field required"},
-                          {"loc": ("body", "model"), "msg": "second"}])
-    assert (e.message, e.param, e.status) == ("messages.0.role: Field required", "messages", 400)
-    e = validation_error([{"loc": ("body",)}])
-    assert (e.message, e.param) == ("body: invalid value", None)
-    e = validation_error([{"msg": "Input should be a valid dictionary"}])  # an error with no location
-    assert (e.message, e.param) == ("body: Input should be a valid dictionary", None)
-
-
-# ----- serve_cli in-process: its flags, their defaults, what run() hands to the engine and uvicorn -----
-def test_serve_flags_default_to_the_engines_defaults():
-    from nano_engine.cli.serve import build_parser, engine_config
-    from nano_engine.engine import EngineConfig
-
-    args = build_parser().parse_args([])
-    assert engine_config(args) == EngineConfig()
-    assert (args.host, args.port, args.dtype) == ("127.0.0.1", 8000, "float32")  # loopback unless told
-
-
-def test_serve_flags_spelled_as_vllm_spells_them_reach_the_engine_config():
-    from nano_engine.cli.serve import build_parser, engine_config
-
-    argv = ["--host", "0.0.0.0", "--port", "0", "--model", "m.gguf", "--served-model-name", "x", "--dtype", "bf16",
-            "--attention-backend", "c", "--max-num-batched-tokens", "64", "--max-num-seqs", "3",
-            "--no-enable-chunked-prefill", "--no-enable-prefix-caching", "--block-size", "8",
-            "--num-gpu-blocks-override", "40", "--scheduling-policy", "priority", "--scheduler-reserve-full-isl",
-            "--threads", "2", "--uvicorn-log-level", "warning", "--debug", "--prepack"]
-    args = build_parser().parse_args(argv)
-    assert (args.host, args.port, args.model, args.served_model_name, args.dtype, args.threads,
-            args.uvicorn_log_level, args.debug, args.prepack) == ("0.0.0.0", 0, "m.gguf", "x", "bf16", 2, "warning",
-                                                                  True, True)
-    c = engine_config(args)
-    s, k = c.scheduler_config, c.cache_config
-    assert (s.max_num_batched_tokens, s.max_num_seqs, s.enable_chunked_prefill, k.enable_prefix_caching,
-            k.block_size, k.num_blocks, s.policy, s.scheduler_reserve_full_isl, c.attention_backend) == (
-        64, 3, False, False, 8, 40, "priority", True, "c")
-    static = engine_config(build_parser().parse_args(["--scheduling-policy", "static"]))
-    assert static.scheduler_config.enable_chunked_prefill is False  # static batching never chunks
-    assert build_parser().parse_args(["--num-kv-blocks", "9"]).num_blocks == 9  # the older name still works
-    assert build_parser().parse_args(["--port", "65535"]).port == 65535
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--port", "x"], "argument --port"),
-    (["--port", "65536"], "argument --port"),
-    (["--port", "-1"], "argument --port"),
-    (["--max-num-seqs", "0"], "argument --max-num-seqs"),
-    (["--block-size", "b"], "argument --block-size"),
-    (["--threads", "0"], "argument --threads"),
-    (["--num-gpu-blocks-override", "-2"], "argument --num-gpu-blocks-override/--num-kv-blocks"),
-    (["--max-num-batched-tokens", "0"], "argument --max-num-batched-tokens"),
-    (["--dtype", "int8"], "argument --dtype"),
-    (["--attention-backend", "cuda"], "argument --attention-backend"),
-    (["--scheduling-policy", "lifo"], "argument --scheduling-policy"),
-    (["--uvicorn-log-level", "loud"], "argument --uvicorn-log-level"),
-])
-def test_serve_refuses_a_bad_flag_by_name(capsys, argv, message):
-    from nano_engine.cli import serve as serve_cli
-
-    assert serve_cli.main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[0].startswith("usage: python -m nano_engine serve ")
-    assert err[-1].startswith("python -m nano_engine serve: error: ") and message in err[-1]
-
-
-@pytest.mark.parametrize("argv, name", [
-    ([], "SmolLM2-135M-Instruct"), (["--model", "/m/SmolLM2.Q4.gguf"], "SmolLM2.Q4"), (["--model", "/m/qwen3"], "qwen3"),
-    (["--model", "/m/qwen3/"], "qwen3"), (["--model", "/"], "/"), (["--model", "/m/x.bin"], "x.bin"),
-    (["--model", "/m/a.gguf", "--served-model-name", "mine"], "mine"),
-])
-def test_the_served_name_comes_from_the_flag_or_the_model_path(argv, name):
-    from nano_engine.cli.serve import EMBEDDED_NAME, build_parser, served_name
-
-    assert EMBEDDED_NAME == "SmolLM2-135M-Instruct"
-    assert served_name(build_parser().parse_args(argv)) == name
-
-
 @pytest.fixture
 def serve_spies(monkeypatch):
-    """serve_cli.main with the model, the tokenizer, uvicorn and the signal handler replaced by spies."""
-    import nano_engine.cli.serve as serve_cli
+    """serve_cli.main with the model (the tiny one), the tokenizer, the C kernel's build, uvicorn and
+    signal.signal replaced by spies; `calls` lists the build, the model check and the loads in order."""
+    from nano_engine.kernels import paged_decode as kernels
     from nano_engine.models import loading
     from nano_engine.mini_llm import Transformer
     from nano_engine.tiny import tiny_model
 
-    seen = SimpleNamespace(loads=[], configs=[], signals=[], threads=[], checked=[], apps=[], calls=[], tokenizers=[])
-    monkeypatch.setattr(Transformer, "from_pretrained",
-                        staticmethod(lambda path, **kw: seen.loads.append((path, kw)) or tiny_model(dtype=torch.float32)))
-    monkeypatch.setattr(loading, "check_model", lambda path: seen.checked.append(path) or seen.calls.append("check")
-                        or "resolved-path")
-    tokenizer = loading.load_tokenizer()  # the embedded model's, whatever path serve asks for
-    monkeypatch.setattr(loading, "load_tokenizer", lambda path: seen.tokenizers.append(path) or tokenizer)
-    real_config = uvicorn.Config
+    seen = SimpleNamespace(calls=[], configs=[], signals=[], threads=[], apps=[])
+    tokenizer, real_config, real_build = loading.load_tokenizer(), uvicorn.Config, kernels.build
 
-    def config(app, **kwargs):
-        seen.configs.append(kwargs)
-        return real_config(app, **kwargs)
-    monkeypatch.setattr(uvicorn, "Config", config)
-    monkeypatch.setattr(uvicorn.Server, "run", lambda self: seen.apps.append(self.config.app))
+    def load(path, **kwargs):
+        seen.calls.append(("load", path, kwargs, threading.current_thread()))
+        return tiny_model(dtype=torch.float32)
+    monkeypatch.setattr(Transformer, "from_pretrained", staticmethod(load))
+    monkeypatch.setattr(loading, "check_model", lambda path: seen.calls.append(("check", path)) or "resolved-path")
+    monkeypatch.setattr(loading, "load_tokenizer", lambda path: seen.calls.append(("tokenizer", path)) or tokenizer)
+    monkeypatch.setattr(kernels, "build", lambda: seen.calls.append(("build",)) or real_build())
+    monkeypatch.setattr(uvicorn, "Config", lambda app, **kw: seen.configs.append(kw) or real_config(app, **kw))
+    monkeypatch.setattr(uvicorn.Server, "run",
+                        lambda self: seen.apps.append((self.config.app, threading.current_thread())))
     monkeypatch.setattr(serve_cli.signal, "signal", lambda *a: seen.signals.append(a))
     monkeypatch.setattr(torch, "set_num_threads", lambda n: seen.threads.append(n))
     return seen
 
 
-def test_serve_run_hands_its_flags_to_the_model_uvicorn_and_sigterm(serve_spies):
-    from nano_engine.cli import serve as serve_cli
-
+def test_serve_hands_its_flags_to_the_model_the_engine_uvicorn_and_sigterm(serve_spies):
     seen = serve_spies
     assert serve_cli.main(["--port", "0", "--host", "127.0.0.2", "--uvicorn-log-level", "error", "--threads", "3",
                            "--model", "/x/m.gguf", "--prepack"]) == 0
-    assert seen.checked == ["/x/m.gguf"]
-    assert seen.loads == [("resolved-path", {"dtype": "float32", "prepack": True})]  # the checked path is loaded
-    assert seen.tokenizers == ["resolved-path"]
-    assert seen.configs == [{"host": "127.0.0.2", "port": 0, "log_level": "error", "timeout_graceful_shutdown": 5}]
-    assert seen.signals == [(signal.SIGTERM, serve_cli._exit_cleanly)] and seen.threads == [3]
-    [app] = seen.apps  # the app uvicorn serves is build_app's, under the served name ("m" of m.gguf)
-    assert app.state.serving.model_name == app.state.metrics.model_name == "m"
-    assert not app.state.serving.llm._thread.is_alive()  # its AsyncLLM, shut down when uvicorn returned
+    # the checked path is the one loaded, the model with its flags
+    assert [c[:2] for c in seen.calls] == [("check", "/x/m.gguf"), ("load", "resolved-path"),
+                                           ("tokenizer", "resolved-path")]
+    (_, _, kwargs, loaded_in) = seen.calls[1]
+    assert (kwargs["dtype"], kwargs["prepack"]) == ("float32", True) and seen.threads == [3]
+    [config] = seen.configs
+    assert (config["host"], config["port"], config["log_level"]) == ("127.0.0.2", 0, "error")
+    # The model is loaded in the engine thread, which alone runs torch; uvicorn's event loop runs in this one.
+    # run() shuts the engine down when uvicorn returns.
+    [(app, served_in)] = seen.apps
+    assert served_in is threading.current_thread() and loaded_in is not served_in and not loaded_in.is_alive()
+    assert TestClient(app).get("/v1/models").json()["data"][0]["id"] == "m"  # the served name: m of m.gguf
+    assert app.state.serving.llm.engine.runner.attention_backend == "torch"
+    [(signum, handler)] = seen.signals  # SIGTERM ends the process with status 0
     with pytest.raises(SystemExit) as e:
-        serve_cli._exit_cleanly(15, None)
-    assert e.value.code == 0
+        handler(signum, None)
+    assert signum == signal.SIGTERM and e.value.code == 0
     assert serve_cli.main(["--port", "0", "--dtype", "bf16"]) == 0  # no --threads: torch's own choice
-    assert seen.threads == [3] and seen.loads[-1] == ("resolved-path", {"dtype": "bf16", "prepack": False})
+    assert seen.threads == [3] and seen.calls[-2][2] == {"dtype": "bf16", "prepack": False}
 
 
-def test_serve_run_shuts_the_engine_down_when_uvicorn_fails(serve_spies, monkeypatch, capsys):
-    from nano_engine.cli import serve as serve_cli
-    from nano_engine.serving.async_llm import AsyncLLM
+def test_serve_builds_the_c_kernel_before_the_model_and_the_engine_runs_it(serve_spies):
+    assert serve_cli.main(["--port", "0", "--attention-backend", "c", "--dtype", "fp32"]) == 0
+    assert [c[0] for c in serve_spies.calls[:2]] == ["build", "check"]  # no compiler: it fails before the load
+    [(app, _)] = serve_spies.apps
+    assert app.state.serving.llm.engine.runner.attention_backend == "c"
 
-    from nano_engine.serving import async_llm
 
-    built = []
-
-    class Recorded(AsyncLLM):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            built.append(self)
-
-    monkeypatch.setattr(async_llm, "AsyncLLM", Recorded)
-
+def test_serve_exits_1_naming_the_error_and_stops_the_engine_when_uvicorn_fails(serve_spies, monkeypatch, capsys):
     def broken(self):
         raise OSError("[Errno 98] address already in use")
     monkeypatch.setattr(uvicorn.Server, "run", broken)
     assert serve_cli.main(["--port", "0"]) == 1
-    assert capsys.readouterr().err.strip() == ("python -m nano_engine serve: error: OSError: [Errno 98] address "
-                                               "already in use (--debug shows the traceback)")
-    assert built and not built[0]._thread.is_alive()  # the engine thread was stopped on the way out
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "OSError" in err[0] and "address already in use" in err[0]
+    [engine_thread] = [c[3] for c in serve_spies.calls if c[0] == "load"]
+    assert not engine_thread.is_alive()
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--dtype", "bf16", "--prepack"], "--prepack needs --dtype float32, got --dtype bf16"),
-    (["--dtype", "float64", "--prepack"], "--prepack needs --dtype float32, got --dtype float64"),
-    (["--dtype", "float16", "--attention-backend", "c"], "--attention-backend c runs float32 and bfloat16, got --dtype float16"),
-    (["--dtype", "float64", "--attention-backend", "c"], "--attention-backend c runs float32 and bfloat16, got --dtype float64"),
-])
-def test_serve_refuses_flag_combinations_before_the_model_loads(serve_spies, capsys, argv, message):
-    from nano_engine.cli import serve as serve_cli
+BAD_FLAGS = [  # (argv, what the error line names)
+    (["--port", "x"], ["--port", "'x'"]), (["--port", "65536"], ["--port", "65536"]), (["--port", "-1"], ["--port"]),
+    (["--max-num-seqs", "0"], ["--max-num-seqs"]), (["--num-gpu-blocks-override", "-2"], ["--num-gpu-blocks-override"]),
+    (["--dtype", "int8"], ["--dtype", "int8"]), (["--scheduling-policy", "lifo"], ["--scheduling-policy", "lifo"]),
+    (["--dtype", "bf16", "--prepack"], ["--prepack", "float32", "bf16"]),
+    (["--dtype", "float16", "--attention-backend", "c"], ["--attention-backend c", "float16"]),
+    (["--scheduling-policy", "static", "--enable-chunked-prefill"], ["enable_chunked_prefill", "static"]),
+]
 
+
+@pytest.mark.parametrize("argv, named", BAD_FLAGS, ids=[" ".join(a) for a, _ in BAD_FLAGS])
+def test_serve_refuses_a_bad_flag_by_name_before_the_model_loads(serve_spies, capsys, argv, named):
     assert serve_cli.main(argv) == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1] == f"python -m nano_engine serve: error: {message}"
-    assert serve_spies.checked == [] and serve_spies.loads == []
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "error" in last and all(word in last for word in named), last
+    assert serve_spies.calls == []
 
 
-def test_serve_builds_the_c_kernel_before_the_model_and_maps_config_errors(serve_spies, monkeypatch, capsys):
-    from nano_engine.kernels import paged_decode as kernels
-    from nano_engine.cli import serve as serve_cli
-
-    real_build = kernels.build
-    monkeypatch.setattr(kernels, "build", lambda: serve_spies.calls.append("build") or real_build())
-    assert serve_cli.main(["--port", "0", "--attention-backend", "c", "--dtype", "fp32"]) == 0
-    assert serve_spies.calls[:2] == ["build", "check"]  # then the runner asks again (built: at once)
-    assert serve_cli.main(["--port", "0", "--attention-backend", "c", "--dtype", "bf16"]) == 0
-
-    def bad_config(args):
-        raise ValueError("x=1 is bad")
-    monkeypatch.setattr(serve_cli, "engine_config", bad_config)
-    assert serve_cli.main(["--port", "0"]) == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1] == "python -m nano_engine serve: error: x=1 is bad"
-
-
-# ----- the app on a scripted engine: what goes to the engine, what comes back, byte for byte -----
+def test_serve_flags_spelled_as_vllm_spells_them_reach_the_engine_config():
+    defaults = serve_cli.build_parser().parse_args([])
+    assert serve_cli.engine_config(defaults) == EngineConfig() and defaults.host == "127.0.0.1"  # loopback unless told
+    argv = ["--max-num-batched-tokens", "64", "--max-num-seqs", "3", "--no-enable-chunked-prefill",
+            "--no-enable-prefix-caching", "--block-size", "8", "--num-gpu-blocks-override", "40",
+            "--scheduling-policy", "priority", "--scheduler-reserve-full-isl", "--attention-backend", "c"]
+    c = serve_cli.engine_config(serve_cli.build_parser().parse_args(argv))
+    s, k = c.scheduler_config, c.cache_config
+    assert (s.max_num_batched_tokens, s.max_num_seqs, s.enable_chunked_prefill, k.enable_prefix_caching,
+            k.block_size, k.num_blocks, s.policy, s.scheduler_reserve_full_isl, c.attention_backend) == (
+        64, 3, False, False, 8, 40, "priority", True, "c")
+    static = serve_cli.engine_config(serve_cli.build_parser().parse_args(["--scheduling-policy", "static"]))
+    assert static.scheduler_config.enable_chunked_prefill is False  # static batching never chunks
+    assert serve_cli.build_parser().parse_args(["--num-kv-blocks", "9"]).num_blocks == 9  # the older name works too
+    assert serve_cli.build_parser().parse_args(["--port", "65535"]).port == 65535
 
 
+@pytest.mark.parametrize("argv, name", [
+    ([], "SmolLM2-135M-Instruct"), (["--model", "/m/SmolLM2.Q4.gguf"], "SmolLM2.Q4"), (["--model", "/m/qwen3"], "qwen3"),
+    (["--model", "/m/qwen3/"], "qwen3"), (["--model", "/m/x.bin"], "x.bin"),
+    (["--model", "/m/a.gguf", "--served-model-name", "mine"], "mine"),
+])
+def test_the_served_name_comes_from_the_flag_or_the_model_path(argv, name):
+    assert serve_cli.served_name(serve_cli.build_parser().parse_args(argv)) == name
+
+
+# ----- the app on a scripted engine: what goes to the engine, what comes back on the wire -----
 class CharTokenizer:
     """Token ids are code points; the chat template writes 'role: content' lines, then 'assistant: '."""
     eos_token_id = 0
@@ -713,43 +503,39 @@ class CharTokenizer:
 
 
 class ScriptedStream:
+    """A request's outputs, as AsyncLLM's stream gives them; `exited` counts the `async with` that closed it."""
+
     def __init__(self, request_id, outputs):
-        self.request_id, self.outputs, self.entered, self.exited = request_id, outputs, 0, 0
+        self.request_id, self.outputs, self.exited = request_id, outputs, 0
 
     async def __aenter__(self):
-        self.entered += 1
         return self
 
     async def __aexit__(self, *exc):
         self.exited += 1
 
-    def __aiter__(self):
-        return self._each()
-
-    async def _each(self):
+    async def __aiter__(self):
         for out in self.outputs:
             yield out
 
 
 class ScriptedLLM:
-    """What build_app uses of an AsyncLLM: its engine's config, the tokenizer, add_request."""
+    """What build_app uses of an AsyncLLM: its engine's config and state, the tokenizer, add_request."""
 
     def __init__(self, tokenizer=None, num_blocks=4, block_size=16, chunked=True, max_num_batched_tokens=32,
                  max_position_embeddings=256, policy="fcfs", outputs=None, error=None):
-        config = SimpleNamespace(
-            scheduler_config=SimpleNamespace(enable_chunked_prefill=chunked, policy=policy,
-                                             max_num_batched_tokens=max_num_batched_tokens),
-            cache_config=SimpleNamespace(num_blocks=num_blocks, block_size=block_size))
-        model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=max_position_embeddings))
-        self.engine = SimpleNamespace(config=config, model=model, stats=SimpleNamespace(preemptions=2),
-                                      scheduler=SimpleNamespace(running=["a"], waiting=["b", "c"]),
-                                      block_pool=SimpleNamespace(num_free=1, num_blocks=num_blocks))
+        ns = SimpleNamespace
+        config = ns(scheduler_config=ns(enable_chunked_prefill=chunked, policy=policy,
+                                        max_num_batched_tokens=max_num_batched_tokens),
+                    cache_config=ns(num_blocks=num_blocks, block_size=block_size))
+        self.engine = ns(config=config, model=ns(config=ns(max_position_embeddings=max_position_embeddings)),
+                         stats=ns(preemptions=2), scheduler=ns(running=["a"], waiting=["b", "c"]),
+                         block_pool=ns(num_free=1, num_blocks=num_blocks))
         self.tokenizer = CharTokenizer() if tokenizer is None else tokenizer
         self.tokenizer_lock = threading.Lock()
-        if outputs is None:  # one finished output: what the engine sends for a request it ran
-            outputs = [output("ok", 1, True, "length")]
-        self.dead, self.listeners, self.outputs, self.error = None, [], list(outputs), error
-        self.added, self.streams = [], []
+        # by default one finished output: what the engine sends for a request it ran
+        self.outputs = list(outputs) if outputs is not None else [output("ok", 1, True, "length")]
+        self.dead, self.listeners, self.error, self.added, self.streams = None, [], error, [], []
 
     def subscribe(self, on_output):
         self.listeners.append(on_output)
@@ -773,6 +559,11 @@ def app_client(**kw):
     return llm, TestClient(build_app(llm, "m"), raise_server_exceptions=False)
 
 
+def post(client, body):
+    """POST a completion (a body with "prompt") or a chat completion (with "messages")."""
+    return client.post("/v1/chat/completions" if "messages" in body else "/v1/completions", json=body)
+
+
 def events(response) -> list:
     """The server-sent events of a streamed response, [DONE] as the string."""
     assert response.headers["content-type"].startswith("text/event-stream")
@@ -786,201 +577,183 @@ def error_of(response, status):
     return response.json()["error"]
 
 
+HI = [{"role": "user", "content": "hi"}]
+
+
 def test_build_app_needs_the_engines_tokenizer():
     llm = ScriptedLLM()
     llm.tokenizer = None
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(ValueError, match="tokenizer"):
         build_app(llm, "m")
-    assert str(e.value) == "the server needs the engine's tokenizer (LLMEngine(model, tokenizer, ...))"
 
 
-def test_the_app_serves_no_docs_pages_under_its_title():
-    _, client = app_client()
-    assert client.get("/openapi.json").json()["info"]["title"] == "nano_engine"
-    assert client.get("/docs").status_code == 404 and client.get("/redoc").status_code == 404
-
-
-def test_health_models_and_metrics_on_their_own():
+def test_health_says_503_once_the_engine_died_and_models_give_the_context_length():
     llm, client = app_client()
-    t0 = int(time.time())
-    r = client.get("/health")
-    assert (r.status_code, r.content) == (200, b"")
+    assert client.get("/health").status_code == 200
     llm.dead = RuntimeError("the engine thread died")
-    r = client.get("/health")
-    assert (r.status_code, r.json()) == (503, {"status": "dead"})
-    models = client.get("/v1/models").json()
-    created = models["data"][0]["created"]
-    assert models == {"object": "list", "data": [{"id": "m", "object": "model", "created": created,
-                                                  "owned_by": "nano_engine", "root": "m", "max_model_len": 256}]}
-    assert isinstance(created, int) and t0 - 60 <= created <= t0  # when the app was built
-    r = client.get("/metrics")
-    assert r.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
-    for line in ('vllm:num_requests_running{engine="0",model_name="m"} 1.0',
-                 'vllm:num_requests_waiting{engine="0",model_name="m"} 2.0',
-                 'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.75'):
-        assert line in r.text.splitlines(), line
+    assert client.get("/health").status_code == 503
+    [model] = client.get("/v1/models").json()["data"]
+    assert (model["id"], model["object"], model["max_model_len"]) == ("m", "model", 256)  # vLLM's max_model_len
+    assert 'vllm:num_requests_waiting{engine="0",model_name="m"} 2.0' in client.get("/metrics").text.splitlines()
 
 
-def test_serving_takes_its_limits_from_the_engine_config():
-    t0 = time.time()
-    serving = OpenAIServing(ScriptedLLM(num_blocks=4, block_size=16, max_position_embeddings=200), "m")
-    assert (serving.capacity, serving.max_model_len, type(serving.created)) == (64, 200, int)
-    assert int(t0) <= serving.created <= time.time() and serving.model_name == "m"
-    llm = ScriptedLLM(num_blocks=4, block_size=16, chunked=False, max_num_batched_tokens=32)
-    assert OpenAIServing(llm, "m").capacity == 32 and OpenAIServing(llm, "m").tokenizer is llm.tokenizer
-    # without chunked prefill a prompt must fit one step's budget, unless the KV cache is smaller
-    assert OpenAIServing(ScriptedLLM(num_blocks=4, block_size=16, chunked=False, max_num_batched_tokens=100),
-                         "m").capacity == 64
+def test_errors_are_in_openais_shape():
+    """{"error": {"message", "type", "param", "code"}}: an unknown model is a 404 with OpenAI's code, a bad value
+    a 400; a request without a model gets the one served."""
+    llm, client = app_client()
+    for body, status, want in (({"prompt": "abc", "n": 2}, 400, ("BadRequestError", "n", 400)),
+                               ({"prompt": "abc", "model": "gpt-4"}, 404,
+                                ("NotFoundError", "model", "model_not_found"))):
+        r = post(client, body)
+        assert (r.status_code, list(r.json()), set(r.json()["error"])) == (status, ["error"], {
+            "message", "type", "param", "code"})
+        err = r.json()["error"]
+        assert (err["type"], err["param"], err["code"]) == want and str(body.get("model", "n=2")) in err["message"]
+    assert post(client, {"prompt": "abc", "model": "m"}).status_code == 200
+    assert post(client, {"prompt": "abc"}).status_code == 200
+    assert len(llm.added) == 2
 
 
-def test_a_default_max_tokens_is_what_the_context_and_the_kv_cache_leave():
-    llm, client = app_client(num_blocks=4, block_size=16, max_position_embeddings=256)
-    for prompt, room in (("abc", 62), ("x" * 60, 5), ("x" * 64, 1)):  # capacity 64: 64 - len + 1
-        assert client.post("/v1/completions", json={"prompt": prompt}).status_code == 200
-        assert llm.added[-1].params.max_tokens == room
-    llm, client = app_client(num_blocks=64, block_size=16, max_position_embeddings=100)
-    client.post("/v1/completions", json={"prompt": "abc"})
-    assert llm.added[-1].params.max_tokens == 97  # the context: 100 - 3
-    llm, client = app_client(num_blocks=4, block_size=16)
-    err = error_of(client.post("/v1/completions", json={"prompt": "x" * 65}), 400)
-    assert err == {"message": "the prompt has 65 tokens, which leaves no room for output: this model's maximum "
-                              "context length is 256 tokens and the KV cache holds 64 per request",
-                   "type": "BadRequestError", "param": "prompt", "code": 400}
-    chat = {"messages": [{"role": "user", "content": "x" * 60}]}  # 6 + 60 + 1 + 11 tokens with the template
-    err = error_of(client.post("/v1/chat/completions", json=chat), 400)
-    assert err["param"] == "messages" and err["message"].startswith("the prompt has 78 tokens,")
-    assert llm.added == []  # nothing refused reached the engine
+REFUSED = [  # (body, the param named, what the message names)
+    ({"prompt": "abc", "echo": True}, "echo", "echo"), ({"prompt": "abc", "suffix": "s"}, "suffix", "suffix"),
+    ({"prompt": "abc", "stop": ["a", ""]}, "stop", "stop"),
+    ({"prompt": "abc", "top_logprobs": 2}, "top_logprobs", "logprobs"),  # completions take logprobs=<int>
+    ({"prompt": "x" * 65}, "prompt", "65"),  # no room left for a single output token (the KV cache holds 64)
+    ({"messages": HI, "response_format": {"type": "json_object"}}, "response_format", "json_object"),
+    ({"messages": HI, "top_logprobs": 1}, "top_logprobs", "logprobs=true"),
+    ({"messages": HI, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "21"),
+    ({"messages": HI, "tools": [{"a": 1}]}, "tools", "tools"), ({"messages": []}, "messages", "messages"),
+    ({"messages": [{"content": "no role"}]}, "messages", "role"),
+    ({"messages": HI + [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages", "messages[1]"),
+    ({"messages": [{"role": "user", "content": [{"text": "no type"}]}]}, "messages", "messages[0]"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages", "messages[0]"),
+    ({"messages": [{"role": "user", "content": "x" * 60}]}, "messages", "78"),  # 78 tokens with the template
+    ({"messages": [{"role": "user", "content": "break the template"}]}, "messages", "roles must alternate"),
+]
 
 
-def test_a_max_tokens_past_the_context_is_refused_by_name():
-    llm, client = app_client(num_blocks=64, max_position_embeddings=256)
-    assert client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 253}).status_code == 200
-    err = error_of(client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 254}), 400)
-    assert err == {"message": "This model's maximum context length is 256 tokens. However, you requested 257 "
-                              "tokens (3 in the prompt, 254 in the completion). Please reduce the length of the "
-                              "prompt or max_tokens.", "type": "BadRequestError", "param": "max_tokens", "code": 400}
-    chat = {"messages": [{"role": "user", "content": "hi"}]}  # 'user: hi\nassistant: ' is 20 tokens
-    err = error_of(client.post("/v1/chat/completions", json={**chat, "max_completion_tokens": 237}), 400)
-    assert err["param"] == "max_completion_tokens" and err["message"] == (
-        "This model's maximum context length is 256 tokens. However, you requested 257 tokens (20 in the "
-        "messages, 237 in the completion). Please reduce the length of the messages or max_completion_tokens.")
-    # max_completion_tokens wins over max_tokens, and its errors name it
-    client.post("/v1/chat/completions", json={**chat, "max_tokens": 5, "max_completion_tokens": 7})
-    assert llm.added[-1].params.max_tokens == 7
-    err = error_of(client.post("/v1/chat/completions", json={**chat, "max_tokens": 5, "max_completion_tokens": 0}),
-                   400)
-    assert err["param"] == "max_completion_tokens", err
-    err = error_of(client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 0}), 400)
-    assert err["param"] == "max_tokens", err
-    assert len(llm.added) == 2  # nothing refused reached the engine
-
-
-def test_each_request_field_reaches_the_engine_as_sampling_params():
-    llm, client = app_client(num_blocks=64)
-    client.post("/v1/completions", json={"prompt": "abc"})
-    assert llm.added[-1].params == SamplingParams(max_tokens=253, temperature=1.0)  # OpenAI's defaults otherwise
-    body = {"prompt": "abc", "max_tokens": 9, "temperature": 0.5, "top_p": 0.9, "top_k": 7, "seed": 11,
-            "stop_token_ids": [5, 6], "ignore_eos": True, "min_p": 0.05, "repetition_penalty": 1.1,
-            "presence_penalty": 0.2, "frequency_penalty": 0.3, "logit_bias": {"65": 2.5}, "min_tokens": 2,
-            "logprobs": 3, "stop": ["zz", "yy"], "include_stop_str_in_output": True}
-    assert client.post("/v1/completions", json=body).status_code == 200
-    assert llm.added[-1].params == SamplingParams(
-        max_tokens=9, temperature=0.5, top_p=0.9, top_k=7, seed=11, stop_token_ids=(5, 6), ignore_eos=True,
-        min_p=0.05, repetition_penalty=1.1, presence_penalty=0.2, frequency_penalty=0.3, logit_bias={65: 2.5},
-        min_tokens=2, logprobs=3, stop=("zz", "yy"), include_stop_str_in_output=True)
-    for top_k, want in ((-1, 0), (0, 0), (1, 1)):  # vLLM's -1: no limit
-        client.post("/v1/completions", json={"prompt": "abc", "top_k": top_k, "stop": "one"})
-        assert (llm.added[-1].params.top_k, llm.added[-1].params.stop) == (want, ("one",))
-    chat = {"messages": [{"role": "user", "content": "hi"}]}
-    for extra, want in (({}, None), ({"logprobs": True}, 0), ({"logprobs": True, "top_logprobs": 4}, 4),
-                        ({"logprobs": False, "top_logprobs": 0}, None)):
-        client.post("/v1/chat/completions", json={**chat, **extra})
-        assert llm.added[-1].params.logprobs == want, extra
-    err = error_of(client.post("/v1/completions", json={"prompt": "abc", "logit_bias": {"x": 1}}), 400)
-    assert (err["message"], err["param"]) == ("logit_bias key 'x' must be a token id (an integer)", "logit_bias")
-    err = error_of(client.post("/v1/completions", json={"prompt": "abc", "stop": ["ok", ""]}), 400)
-    assert err["param"] == "stop", err
-
-
-def test_the_request_id_priority_and_cache_salt_reach_the_engine():
-    llm, client = app_client(policy="priority")
-    client.post("/v1/completions", json={"prompt": "abc", "priority": -3, "cache_salt": "s1"})
-    client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
-    (a, b) = llm.added
-    assert re.fullmatch(r"cmpl-[0-9a-f]{32}", a.rid) and re.fullmatch(r"chatcmpl-[0-9a-f]{32}", b.rid)
-    assert (a.priority, a.cache_salt, b.priority, b.cache_salt) == (-3, "s1", 0, None)
-    llm, client = app_client(policy="fcfs")
-    err = error_of(client.post("/v1/completions", json={"prompt": "abc", "priority": 1}), 400)
-    assert (err["message"], err["param"]) == (
-        "priority=1 needs --scheduling-policy priority (this server runs fcfs)", "priority")
+@pytest.mark.parametrize("body, param, named", REFUSED, ids=[f"{p}-{i}" for i, (_, p, _) in enumerate(REFUSED)])
+def test_a_refused_request_is_a_400_naming_its_field_and_never_reaches_the_engine(body, param, named):
+    llm, client = app_client()
+    err = error_of(post(client, body), 400)
+    assert (err["type"], err["param"]) == ("BadRequestError", param) and named in err["message"], err
     assert llm.added == []
 
 
-def test_each_prompt_form_becomes_token_ids():
-    llm, client = app_client()
-    for prompt in ("abc", [97, 98, 99], ["abc"], [[97, 98, 99]]):
-        assert client.post("/v1/completions", json={"prompt": prompt}).status_code == 200
-        assert llm.added[-1].ids == [97, 98, 99], prompt
-    err = error_of(client.post("/v1/completions", json={"prompt": [[1], [2], [3]]}), 400)
-    assert (err["message"], err["param"]) == ("prompt is a batch of 3 prompts: send one prompt per request", "prompt")
-    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": None},
-            {"role": "user", "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}]
-    for batch_encoding in (False, True):  # a tokenizer may return a BatchEncoding (input_ids, attention_mask)
-        llm, client = app_client(tokenizer=CharTokenizer(batch_encoding))
-        assert client.post("/v1/chat/completions", json={"messages": chat}).status_code == 200
-        assert llm.tokenizer.templated == [[{"role": "system", "content": "be brief"}, {"role": "user", "content": ""},
-                                            {"role": "user", "content": "one\ntwo"}]]
-        text = "system: be brief\nuser: \nuser: one\ntwo\nassistant: "
-        assert llm.added[-1].ids == [ord(c) for c in text] and type(llm.added[-1].ids[0]) is int
-    err = error_of(client.post("/v1/chat/completions",
-                               json={"messages": [{"role": "user", "content": "break the template"}]}), 400)
-    assert err == {"message": "messages do not fit the model's chat template: roles must alternate",
-                   "type": "BadRequestError", "param": "messages", "code": 400}
+def test_fields_at_their_defaults_or_bounds_are_accepted():
+    """OpenAI's defaults for what this server does not do (clients send them), the bounds of what it does and
+    unknown extra fields are not refused."""
+    _, client = app_client()
+    for extra in ({"best_of": 1}, {"suffix": ""}, {"echo": False}, {"stream": True, "stream_options": {}},
+                  {"logprobs": 0}, {"logprobs": 20}, {"unknown_extra": 1}):
+        assert post(client, {"prompt": "abc", **extra}).status_code == 200, extra
+    for extra in ({"tools": []}, {"top_logprobs": 0}, {"top_logprobs": 20, "logprobs": True},
+                  {"response_format": {"type": "text"}}):
+        assert post(client, {"messages": HI, **extra}).status_code == 200, extra
 
 
-def test_message_content_is_a_string_or_text_parts():
-    assert (_text(None, 0), _text("", 0), _text("hi", 0), _text([], 0)) == ("", "", "hi", "")
-    assert _text([{"type": "text", "text": "a"}, {"type": "text", "text": "b c"}], 0) == "a\nb c"
-    for part, got in (({"type": "image_url", "image_url": {}}, "'image_url'"), ({"text": "no type"}, "None"),
-                      ({"type": "text", "text": 5}, "'text'"), ({"type": "text"}, "'text'")):
-        with pytest.raises(APIError) as e:
-            _text([{"type": "text", "text": "fine"}, part], 3)
-        assert (e.value.message, e.value.param) == (
-            f"messages[3].content: only text parts are supported, got {got}", "messages")
+@pytest.mark.parametrize("error, body, status, param", [
+    (EngineDeadError("the engine thread is gone"), {"prompt": "abc"}, 503, None),
+    (ValueError("prompt_ids has 9 tokens"), {"prompt": "abc"}, 400, "prompt"),
+    (ValueError("prompt_ids has 9 tokens"), {"messages": HI}, 400, "messages"),
+    (ValueError("request needs 99 slots"), {"prompt": "abc"}, 400, "prompt"),
+    (ValueError("request needs 99 slots"), {"prompt": "abc", "max_tokens": 5}, 400, "max_tokens"),
+    (ValueError("request needs 99 slots"), {"messages": HI, "max_completion_tokens": 5}, 400, "max_completion_tokens"),
+    (TypeError("seed must be an int"), {"prompt": "abc"}, 400, "seed"),
+])
+def test_the_engines_refusals_are_400s_naming_the_field_and_its_death_a_503(error, body, status, param):
+    _, client = app_client(error=error)
+    err = error_of(post(client, body), status)
+    assert err["param"] == param and str(error) in err["message"]
 
 
-def test_the_engines_refusals_and_its_death_have_their_status():
-    _, client = app_client(error=EngineDeadError("the engine thread is gone"))
-    err = error_of(client.post("/v1/completions", json={"prompt": "abc"}), 503)
-    assert err == {"message": "the engine thread is gone", "type": "ServiceUnavailableError", "param": None,
-                   "code": 503}
-    for error, body, param in (
-            (ValueError("prompt_ids has 9 tokens"), {"prompt": "abc"}, "prompt"),
-            (ValueError("prompt_ids has 9 tokens"), {"messages": [{"role": "user", "content": "x"}]}, "messages"),
-            (ValueError("request needs 99 slots"), {"prompt": "abc"}, "prompt"),
-            (ValueError("request needs 99 slots"), {"prompt": "abc", "max_tokens": 5}, "max_tokens"),
-            (ValueError("request needs 99 slots"), {"messages": [{"role": "user", "content": "x"}],
-                                                    "max_completion_tokens": 5}, "max_completion_tokens"),
-            (TypeError("seed must be an int"), {"prompt": "abc"}, "seed")):
-        _, client = app_client(error=error)
-        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
-        err = error_of(client.post(path, json=body), 400)
-        assert err == {"message": str(error), "type": "BadRequestError", "param": param, "code": 400}, (error, body)
-
-
-def test_an_unexpected_error_is_a_500_in_openais_shape():
+def test_an_unexpected_error_and_a_request_the_engine_failed_are_500s():
     class Broken(CharTokenizer):
         def __call__(self, text):
             raise RuntimeError("the tokenizer broke")
 
     _, client = app_client(tokenizer=Broken())
-    err = error_of(client.post("/v1/completions", json={"prompt": "abc"}), 500)
-    assert err == {"message": "internal error: RuntimeError: the tokenizer broke", "type": "InternalServerError",
-                   "param": None, "code": 500}
-    _, client = app_client()
-    err = error_of(client.post("/v1/completions", content=b"[1, 2", headers={"content-type": "application/json"}),
-                   400)
-    assert err["type"] == "BadRequestError" and err["code"] == 400
+    err = error_of(post(client, {"prompt": "abc"}), 500)
+    assert err["type"] == "InternalServerError" and "the tokenizer broke" in err["message"]
+    _, client = app_client(outputs=[output("a", 1), output("", 1, True, "error")])
+    err = error_of(post(client, {"prompt": "abc"}), 500)
+    assert err["type"] == "InternalServerError"
+    got = events(post(client, {"prompt": "abc", "stream": True}))  # a stream ends with the error, then [DONE]
+    assert got[1:] == [{"error": err}, "[DONE]"] and got[0]["choices"][0]["text"] == "a"
+
+
+def test_a_default_max_tokens_is_what_the_context_and_the_kv_cache_leave():
+    llm, client = app_client(num_blocks=4, block_size=16, max_position_embeddings=256)
+    for prompt, room in (("abc", 62), ("x" * 60, 5), ("x" * 64, 1)):  # capacity 64: 64 - len + 1
+        assert post(client, {"prompt": prompt}).status_code == 200
+        assert llm.added[-1].params.max_tokens == room
+    llm, client = app_client(num_blocks=64, block_size=16, max_position_embeddings=100)
+    post(client, {"prompt": "abc"})
+    assert llm.added[-1].params.max_tokens == 97  # the context: 100 - 3
+    # without chunked prefill a prompt must fit one step's budget (32): 32 - 3 + 1
+    llm, client = app_client(num_blocks=4, block_size=16, chunked=False, max_num_batched_tokens=32)
+    post(client, {"prompt": "abc"})
+    assert llm.added[-1].params.max_tokens == 30
+
+
+def test_a_max_tokens_past_the_context_is_refused_naming_the_field_and_the_limit():
+    llm, client = app_client(num_blocks=64, max_position_embeddings=256)
+    assert post(client, {"prompt": "abc", "max_tokens": 253}).status_code == 200
+    assert post(client, {"prompt": "a" * 255, "max_tokens": 1}).status_code == 200  # the last slot of the context
+    chat = {"messages": HI}  # 'user: hi\nassistant: ' is 20 tokens
+    for body, param in (({"prompt": "abc", "max_tokens": 254}, "max_tokens"),
+                        ({"prompt": "a" * 256, "max_tokens": 1}, "max_tokens"),
+                        ({**chat, "max_completion_tokens": 237}, "max_completion_tokens"),
+                        ({**chat, "max_tokens": 5, "max_completion_tokens": 0}, "max_completion_tokens")):
+        err = error_of(post(client, body), 400)
+        assert err["param"] == param, err
+        if body.get(param):  # OpenAI's wording, which clients look for: the limit and what was asked
+            assert "maximum context length is 256 tokens" in err["message"] and "257" in err["message"]
+    post(client, {**chat, "max_tokens": 5, "max_completion_tokens": 7})  # max_completion_tokens wins
+    assert llm.added[-1].params.max_tokens == 7
+    assert len(llm.added) == 3  # nothing refused reached the engine
+
+
+def test_each_request_field_reaches_the_engine():
+    llm, client = app_client(num_blocks=64)
+    post(client, {"prompt": "abc"})
+    assert llm.added[-1].params == SamplingParams(max_tokens=253, temperature=1.0)  # OpenAI's defaults otherwise
+    body = {"prompt": "abc", "max_tokens": 9, "temperature": 0.5, "top_p": 0.9, "top_k": 7, "seed": 11,
+            "stop_token_ids": [5, 6], "ignore_eos": True, "min_p": 0.05, "repetition_penalty": 1.1,
+            "presence_penalty": 0.2, "frequency_penalty": 0.3, "logit_bias": {"65": 2.5}, "min_tokens": 2,
+            "logprobs": 3, "stop": ["zz", "yy"], "include_stop_str_in_output": True}
+    assert post(client, body).status_code == 200
+    assert llm.added[-1].params == SamplingParams(
+        max_tokens=9, temperature=0.5, top_p=0.9, top_k=7, seed=11, stop_token_ids=(5, 6), ignore_eos=True,
+        min_p=0.05, repetition_penalty=1.1, presence_penalty=0.2, frequency_penalty=0.3, logit_bias={65: 2.5},
+        min_tokens=2, logprobs=3, stop=("zz", "yy"), include_stop_str_in_output=True)
+    for top_k, want in ((-1, 0), (0, 0), (1, 1)):  # vLLM's -1: no limit
+        post(client, {"prompt": "abc", "top_k": top_k, "stop": "one"})
+        assert (llm.added[-1].params.top_k, llm.added[-1].params.stop) == (want, ("one",))
+    for extra, want in (({}, None), ({"logprobs": True}, 0), ({"logprobs": True, "top_logprobs": 4}, 4),
+                        ({"logprobs": False, "top_logprobs": 0}, None)):
+        post(client, {"messages": HI, **extra})
+        assert llm.added[-1].params.logprobs == want, extra
+    llm, client = app_client(policy="priority")  # the priority and cache salt go with the request
+    post(client, {"prompt": "abc", "priority": -3, "cache_salt": "s1"})
+    post(client, {"messages": HI})
+    assert [(a.priority, a.cache_salt) for a in llm.added] == [(-3, "s1"), (0, None)]
+
+
+def test_each_prompt_form_becomes_token_ids():
+    llm, client = app_client()
+    for prompt in ("abc", [97, 98, 99], ["abc"], [[97, 98, 99]]):
+        assert post(client, {"prompt": prompt}).status_code == 200
+        assert llm.added[-1].ids == [97, 98, 99], prompt
+    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": None},
+            {"role": "user", "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}]
+    for batch_encoding in (False, True):  # a tokenizer may return a BatchEncoding (input_ids, attention_mask)
+        llm, client = app_client(tokenizer=CharTokenizer(batch_encoding))
+        assert post(client, {"messages": chat}).status_code == 200
+        assert llm.tokenizer.templated == [[{"role": "system", "content": "be brief"}, {"role": "user", "content": ""},
+                                            {"role": "user", "content": "one\ntwo"}]]
+        text = "system: be brief\nuser: \nuser: one\ntwo\nassistant: "
+        assert llm.added[-1].ids == [ord(c) for c in text] and type(llm.added[-1].ids[0]) is int
 
 
 def head_of(body, kind, obj):
@@ -992,68 +765,45 @@ def head_of(body, kind, obj):
 def test_a_plain_completion_and_chat_response_whole():
     outs = [output("Hel", 1), output("", 1), output("lo", 2, True, "stop", "!", cached=16)]
     llm, client = app_client(outputs=outs)
-    body = client.post("/v1/completions", json={"prompt": "abc"}).json()
+    body = post(client, {"prompt": "abc"}).json()
     assert body == {**head_of(body, "cmpl", "text_completion"),
                     "choices": [{"index": 0, "logprobs": None, "finish_reason": "stop", "stop_reason": "!",
                                  "text": "Hello"}],
                     "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
                               "prompt_tokens_details": {"cached_tokens": 16}}}
-    assert body["id"] == llm.added[-1].rid and (llm.streams[-1].entered, llm.streams[-1].exited) == (1, 1)
-    body = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}).json()
-    assert body == {**head_of(body, "chatcmpl", "chat.completion"),
-                    "choices": [{"index": 0, "logprobs": None, "finish_reason": "stop", "stop_reason": "!",
-                                 "message": {"role": "assistant", "content": "Hello"}}],
-                    "usage": {"prompt_tokens": 20, "completion_tokens": 2, "total_tokens": 22,
-                              "prompt_tokens_details": {"cached_tokens": 16}}}
-    _, client = app_client(outputs=[output("x", 1, True, "length")])
-    choice = client.post("/v1/completions", json={"prompt": "abc"}).json()["choices"][0]
+    assert body["id"] == llm.added[-1].rid and llm.streams[-1].exited == 1
+    body = post(client, {"messages": HI}).json()
+    assert head_of(body, "chatcmpl", "chat.completion") and body["choices"][0]["message"] == {
+        "role": "assistant", "content": "Hello"}
+    llm.outputs[:] = [output("x", 1, True, "length")]
+    choice = post(client, {"prompt": "abc"}).json()["choices"][0]
     assert (choice["finish_reason"], choice["stop_reason"]) == ("length", None)
-
-
-def test_a_request_the_engine_failed_is_a_500():
-    _, client = app_client(outputs=[output("a", 1), output("", 1, True, "error")])
-    err = error_of(client.post("/v1/completions", json={"prompt": "abc"}), 500)
-    assert err == {"message": "the engine failed while running this request (see the server's log)",
-                   "type": "InternalServerError", "param": None, "code": 500}
-    got = events(client.post("/v1/completions", json={"prompt": "abc", "stream": True}))
-    assert got[1:] == [{"error": err}, "[DONE]"] and got[0]["choices"][0]["text"] == "a"
 
 
 def test_a_completion_stream_whole():
     outs = [output("He", 1), output("", 1), output("llo", 2), output("", 3, True, "stop", 7)]
     llm, client = app_client(outputs=outs)
-    got = events(client.post("/v1/completions", json={"prompt": "abc", "stream": True}))
+    got = events(post(client, {"prompt": "abc", "stream": True}))
     head = head_of(got[0], "cmpl", "text_completion")
     assert got == [{**head, "choices": [{"index": 0, "logprobs": None, "finish_reason": None, "stop_reason": None,
                                          "text": t}]} for t in ("He", "llo")] + [
         {**head, "choices": [{"index": 0, "logprobs": None, "finish_reason": "stop", "stop_reason": 7, "text": ""}]},
         "[DONE]"]  # the empty output in between (text held back) sends nothing
     assert head["id"] == llm.added[-1].rid and llm.streams[-1].exited == 1
-    got = events(client.post("/v1/completions", json={"prompt": "abc", "stream": True,
-                                                      "stream_options": {"include_usage": True}}))
-    assert got[-2:] == [{**head_of(got[-2], "cmpl", "text_completion"), "choices": [],
-                         "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6,
-                                   "prompt_tokens_details": {"cached_tokens": 0}}}, "[DONE]"]
-    assert all("usage" not in e for e in got[:-2])
-    got = events(client.post("/v1/completions", json={"prompt": "abc", "stream": True,
-                                                      "stream_options": {"include_usage": False}}))
-    assert len(got) == 4 and all("usage" not in e for e in got[:-1])
-
-
-def test_a_stream_with_no_output_still_ends_with_usage_and_done():
-    _, client = app_client(outputs=[])
-    got = events(client.post("/v1/completions", json={"prompt": "abc", "stream": True,
-                                                      "stream_options": {"include_usage": True}}))
-    assert got[-1] == "[DONE]" and got[0]["choices"] == [] and got[0]["usage"] == {
-        "prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3, "prompt_tokens_details": {"cached_tokens": 0}}
-    assert len(got) == 2
+    for include_usage, outputs, n in ((True, outs, 3), (True, [], 0), (False, outs, 3)):
+        llm.outputs[:] = outputs
+        got = events(post(client, {"prompt": "abc", "stream": True,
+                                   "stream_options": {"include_usage": include_usage}}))
+        assert got[-1] == "[DONE]" and all("usage" not in e for e in got[:-2])
+        usage = {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": 3 + n,
+                 "prompt_tokens_details": {"cached_tokens": 0}}
+        assert (got[-2].get("usage"), got[-2]["choices"] == []) == ((usage, True) if include_usage else (None, False))
 
 
 def test_a_chat_stream_whole():
     outs = [output("", 0), output("Hi", 1), output("", 1), output(" there", 2), output("", 3, True, "stop")]
-    _, client = app_client(outputs=outs)
-    got = events(client.post("/v1/chat/completions",
-                             json={"messages": [{"role": "user", "content": "hi"}], "stream": True}))
+    llm, client = app_client(outputs=outs)
+    got = events(post(client, {"messages": HI, "stream": True}))
     head = head_of(got[0], "chatcmpl", "chat.completion.chunk")
 
     def chunk(delta, reason=None):
@@ -1063,11 +813,10 @@ def test_a_chat_stream_whole():
     # the first chunk names the role even with no text yet; a last chunk with no text has an empty delta
     assert got == [chunk({"role": "assistant", "content": ""}), chunk({"content": "Hi"}),
                    chunk({"content": " there"}), chunk({}, "stop"), "[DONE]"]
-    _, client = app_client(outputs=[output("A", 1), output("B", 2, True, "length")])
-    got = events(client.post("/v1/chat/completions",
-                             json={"messages": [{"role": "user", "content": "hi"}], "stream": True}))
-    assert [c["choices"][0]["delta"] for c in got[:-1]] == [{"role": "assistant", "content": "A"}, {"content": "B"}]
-    assert got[1]["choices"][0]["finish_reason"] == "length"
+    llm.outputs[:] = [output("A", 1), output("B", 2, True, "length")]
+    got = events(post(client, {"messages": HI, "stream": True}))
+    assert [(c["choices"][0]["delta"], c["choices"][0]["finish_reason"]) for c in got[:-1]] == [
+        ({"role": "assistant", "content": "A"}, None), ({"content": "B"}, "length")]
 
 
 def lp(token, logprob, *tops):
@@ -1075,92 +824,34 @@ def lp(token, logprob, *tops):
 
 
 def test_logprobs_in_openais_two_shapes():
-    outs = [output("ab", 2, logprobs=[lp("a", -0.5, ("a", -0.5), ("z", -2.0)),
-                                      lp("b", -1.5, ("c", -1.0), ("b", -1.5))]),
+    outs = [output("ab", 2, logprobs=[lp("a", -0.5, ("a", -0.5), ("z", -2.0)), lp("b", -1.5, ("c", -1.0))]),
             output("é", 3, True, "length", logprobs=[lp("é", -0.25, ("é", -0.25), ("e", -3.0))])]
     _, client = app_client(outputs=outs)
-    got = client.post("/v1/completions", json={"prompt": "abc", "logprobs": 2}).json()["choices"][0]["logprobs"]
+    got = post(client, {"prompt": "abc", "logprobs": 2}).json()["choices"][0]["logprobs"]
+    # a sampled token outside the top k ("b") is added to completions' top_logprobs, as vLLM does
     assert got == {"tokens": ["a", "b", "é"], "token_logprobs": [-0.5, -1.5, -0.25],
                    "top_logprobs": [{"a": -0.5, "z": -2.0}, {"c": -1.0, "b": -1.5}, {"é": -0.25, "e": -3.0}],
                    "text_offset": [0, 1, 2]}
-    got = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
-                                                     "logprobs": True, "top_logprobs": 2}).json()
+    got = post(client, {"messages": HI, "logprobs": True, "top_logprobs": 2}).json()
     first, _, last = got["choices"][0]["logprobs"]["content"]
     assert first == {"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": [
         {"token": "a", "logprob": -0.5, "bytes": [97]}, {"token": "z", "logprob": -2.0, "bytes": [122]}]}
     assert last["bytes"] == [195, 169] and last["top_logprobs"][1] == {"token": "e", "logprob": -3.0, "bytes": [101]}
-    # a sampled token outside the top k is added to completions' top_logprobs, as vLLM does
-    _, client = app_client(outputs=[output("q", 1, True, "length", logprobs=[lp("q", -4.0, ("a", -0.1))])])
-    got = client.post("/v1/completions", json={"prompt": "abc", "logprobs": 1}).json()["choices"][0]["logprobs"]
-    assert got["top_logprobs"] == [{"a": -0.1, "q": -4.0}]
 
 
 def test_streamed_logprobs_go_with_the_chunk_that_carries_their_text():
     outs = [output("a", 1, logprobs=[lp("a", -0.5)]), output("", 2, logprobs=[lp("\x01", -1.0)]),
             output("bc", 3, logprobs=[lp("c", -2.0)]), output("", 3, True, "stop")]
-    _, client = app_client(outputs=outs)
-    got = events(client.post("/v1/completions", json={"prompt": "abc", "logprobs": 0, "stream": True}))
+    llm, client = app_client(outputs=outs)
+    got = events(post(client, {"prompt": "abc", "logprobs": 0, "stream": True}))
     assert [c["choices"][0]["logprobs"] for c in got[:-1]] == [
         {"tokens": ["a"], "token_logprobs": [-0.5], "top_logprobs": [{"a": -0.5}], "text_offset": [0]},
         {"tokens": ["\x01", "c"], "token_logprobs": [-1.0, -2.0], "top_logprobs": [{"\x01": -1.0}, {"c": -2.0}],
          "text_offset": [1, 2]},  # the held-back token's logprob comes with the next chunk that is sent
         {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}]
-    got = events(client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
-                                                           "logprobs": True, "stream": True}))
+    got = events(post(client, {"messages": HI, "logprobs": True, "stream": True}))
     assert [[x["token"] for x in c["choices"][0]["logprobs"]["content"]] for c in got[:-1]] == [
         ["a"], ["\x01", "c"], []]
-    _, client = app_client(outputs=[output("a", 1), output("bc", 3, True, "stop")])  # none asked for, none sent
-    got = events(client.post("/v1/completions", json={"prompt": "abc", "stream": True}))
+    llm.outputs[:] = [output("a", 1), output("bc", 3, True, "stop")]  # none asked for, none sent
+    got = events(post(client, {"prompt": "abc", "stream": True}))
     assert [c["choices"][0]["logprobs"] for c in got[:-1]] == [None, None]
-
-
-def test_an_unknown_model_is_a_404_in_openais_shape():
-    llm, client = app_client()
-    err = error_of(client.post("/v1/completions", json={"prompt": "abc", "model": "gpt-4"}), 404)
-    assert err == {"message": "The model `gpt-4` does not exist; this server serves `m`", "type": "NotFoundError",
-                   "param": "model", "code": "model_not_found"}
-    assert client.post("/v1/completions", json={"prompt": "abc", "model": "m"}).status_code == 200
-    assert client.post("/v1/completions", json={"prompt": "abc"}).status_code == 200  # no model: the one served
-    assert len(llm.added) == 2
-
-
-def test_a_bad_stop_and_a_non_text_part_are_refused_with_their_reason():
-    llm, client = app_client()
-    for stop, message in (([""], "stop=[''] must not contain an empty string"),
-                          (["a", ""], "stop=['a', ''] must not contain an empty string")):
-        err = error_of(client.post("/v1/completions", json={"prompt": "abc", "stop": stop}), 400)
-        assert err == {"message": message, "type": "BadRequestError", "param": "stop", "code": 400}
-    messages = [{"role": "user", "content": "hi"}, {"role": "user", "content": [{"type": "image_url"}]}]
-    err = error_of(client.post("/v1/chat/completions", json={"messages": messages}), 400)
-    assert err["message"] == "messages[1].content: only text parts are supported, got 'image_url'"  # its index
-    assert llm.added == []
-
-
-def test_one_output_token_past_the_context_is_refused_too():
-    llm, client = app_client(num_blocks=64, max_position_embeddings=256)
-    assert client.post("/v1/completions", json={"prompt": "a" * 255, "max_tokens": 1}).status_code == 200
-    err = error_of(client.post("/v1/completions", json={"prompt": "a" * 256, "max_tokens": 1}), 400)
-    assert err["param"] == "max_tokens" and err["message"].startswith(
-        "This model's maximum context length is 256 tokens. However, you requested 257 tokens (256 in the prompt, "
-        "1 in the completion).")
-    assert len(llm.added) == 1
-
-
-def test_streamed_events_carry_utf8_text_unescaped():
-    """vLLM's chunks are UTF-8 JSON: "é", not "\\u00e9" (both decode alike; the bytes differ)."""
-    _, client = app_client(outputs=[output("é", 1), output("€", 2, True, "length")])
-    r = client.post("/v1/completions", json={"prompt": "abc", "stream": True})
-    assert '"text": "é"' in r.text and '"text": "€"' in r.text and "\\u" not in r.text
-
-
-def test_the_disconnect_watch_skips_other_messages_and_ends_on_the_disconnect():
-    messages = [{"type": "http.request", "body": b"", "more_body": False}, {"type": "http.disconnect"}]
-    seen = []
-
-    class Raw:
-        async def receive(self):
-            seen.append(messages[len(seen)])
-            return seen[-1]
-
-    asyncio.run(asyncio.wait_for(_disconnected(Raw()), 5))
-    assert seen == messages
