@@ -8,14 +8,14 @@ models/; above it, lab/, serving/, benchmarks/ and cli/ (README.md, "Layout").
 
 from .engine import EngineConfig, LLMEngine, StepRecord
 from .mini_llm import ModelConfig, Transformer, generate
-from .paged import BlockPool, PagedKVCache
+from .paged import BlockPool, CacheConfig, PagedKVCache
 from .policies import ConservativeScheduler, PriorityScheduler, StaticScheduler, scheduler_class
 from .request import Request, RequestStatus, SamplingParams
 from .runner import Batch, ModelRunner, SeqChunk, build_batch
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 
 __all__ = [
-    "Batch", "BlockPool", "ConservativeScheduler", "EngineConfig", "LLMEngine", "ModelConfig", "ModelRunner",
+    "Batch", "BlockPool", "CacheConfig", "ConservativeScheduler", "EngineConfig", "LLMEngine", "ModelConfig", "ModelRunner",
     "PagedKVCache", "PriorityScheduler", "Request", "RequestStatus", "SamplingParams", "Scheduler",
     "SchedulerConfig", "SchedulerOutput", "SeqChunk", "StaticScheduler", "StepRecord", "Transformer",
     "build_batch", "generate", "scheduler_class",

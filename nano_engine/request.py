@@ -105,6 +105,8 @@ def _logit_bias(value) -> dict[int, float] | None:
     out = {}
     for token, bias in value.items():
         t = checks.integer("logit_bias key", token, minimum=0)
+        if t in out:  # 3 and np.int64(3), say: one of the two biases would be lost
+            raise ValueError(f"logit_bias has token {t} twice (as {token!r} and as an earlier key)")
         out[t] = checks.number(f"logit_bias[{t}]", bias, minimum=-LOGIT_BIAS_MAX, maximum=LOGIT_BIAS_MAX)
     return out or None
 

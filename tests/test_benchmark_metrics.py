@@ -93,22 +93,15 @@ def test_e2el_is_end_minus_start():
     ({"tpot": 124}, 1),
     # E2ELs A 1.5, B 0.5, C 1.5.
     ({"e2el": 1500}, 3),
-    ({"e2el": 1000}, 1),
+    ({"e2el": 1499}, 1),
     # Together a request is good only when every SLO holds.
     ({"ttft": 500, "tpot": 125}, 1),     # A fails TPOT, C fails TTFT
     ({"ttft": 1000, "tpot": 400, "e2el": 1500}, 3),
-    ({"ttft": 1000, "tpot": 200, "e2el": 1500}, 2),  # A fails TPOT
-    ({"ttft": 1000, "tpot": 400, "e2el": 1499}, 1),  # A and C fail E2EL
+    ({"e2el": 10_000}, 3),  # D failed fast (0.125 s): a failed request is never good
 ])
 def test_goodput_counts_requests_meeting_every_slo(slos, good):
     m = calculate_metrics(trace(), duration=4.0, goodput_slos=slos)
     assert m.goodput == approx(good / 4)
-
-
-def test_empty_slos_mean_no_goodput_and_the_failed_request_is_never_good():
-    assert calculate_metrics(trace(), 4.0, goodput_slos={}).goodput is None
-    # D failed fast (0.125 s); a generous SLO still counts only the three successes.
-    assert calculate_metrics(trace(), 4.0, goodput_slos={"e2el": 10_000}).goodput == approx(3 / 4)
 
 
 def test_only_one_token_requests_give_zero_tpot_and_itl():
@@ -120,7 +113,6 @@ def test_only_one_token_requests_give_zero_tpot_and_itl():
     assert m.tpot.percentiles_ms == {50: 0, 90: 0, 99: 0}
     assert m.itl.mean_ms == 0 and m.itl.percentiles_ms[99] == 0
     assert m.goodput == approx(2.0)
-    assert m.ttft.mean_ms == approx(375)
 
 
 def test_all_failed_gives_zeros_not_an_error():
@@ -132,80 +124,41 @@ def test_all_failed_gives_zeros_not_an_error():
 
 def test_to_dict_uses_vllms_result_keys_and_carries_every_statistic():
     m = calculate_metrics(trace(), 4.0, goodput_slos={"ttft": 500}, percentiles=(50, 99, 99.9))
-    d = m.to_dict()
-    head = ["duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
-            "request_throughput", "request_goodput", "output_throughput", "total_token_throughput"]
-    per_metric = [f"{s}_{name}_ms" for name in ("ttft", "tpot", "itl", "e2el")
-                  for s in ("mean", "median", "std", "p50", "p99", "p99.9")]
-    assert set(d) == set(head + per_metric)
-    assert d["request_goodput"] == approx(0.5) and d["total_input_tokens"] == 20
-    assert d["p99.9_ttft_ms"] == approx((0.5 + 0.998 * 0.5) * 1000)  # rank 1.998: a float percentile keeps its name
+    want = dict(duration=4.0, completed=3, failed=1, total_input_tokens=20, total_output_tokens=10,
+                request_throughput=0.75, request_goodput=0.5, output_throughput=2.5, total_token_throughput=7.5)
     for name in ("ttft", "tpot", "itl", "e2el"):
-        s = getattr(m, name)
-        assert (d[f"mean_{name}_ms"], d[f"median_{name}_ms"], d[f"std_{name}_ms"]) == (s.mean_ms, s.median_ms, s.std_ms)
-        assert (d[f"p50_{name}_ms"], d[f"p99_{name}_ms"]) == (s.percentiles_ms[50], s.percentiles_ms[99])
+        s = getattr(m, name)  # p99.9: a float percentile keeps its name
+        want |= {f"mean_{name}_ms": s.mean_ms, f"median_{name}_ms": s.median_ms, f"std_{name}_ms": s.std_ms,
+                 **{f"p{p:g}_{name}_ms": v for p, v in s.percentiles_ms.items()}}
+    assert m.to_dict() == want and want["p99.9_ttft_ms"] == approx((0.5 + 0.998 * 0.5) * 1000)  # rank 1.998
     assert calculate_metrics(trace(), 4.0).to_dict()["request_goodput"] is None
 
 
-TABLE = """\
-============ Serving Benchmark Result ============
-Successful requests:                     3
-Failed requests:                         1
-Benchmark duration (s):                  4.00
-Total input tokens:                      20
-Total generated tokens:                  10
-Request throughput (req/s):              0.75
-Request goodput (req/s):                 0.50
-Output token throughput (tok/s):         2.50
-Total token throughput (tok/s):          7.50
----------------Time to First Token----------------
-Mean TTFT (ms):                          583.33
-Median TTFT (ms):                        500.00
-P50 TTFT (ms):                           500.00
-P90 TTFT (ms):                           900.00
-P99 TTFT (ms):                           990.00
------Time per Output Token (excl. 1st token)------
-Mean TPOT (ms):                          229.17
-Median TPOT (ms):                        229.17
-P50 TPOT (ms):                           229.17
-P90 TPOT (ms):                           312.50
-P99 TPOT (ms):                           331.25
----------------Inter-token Latency----------------
-Mean ITL (ms):                           375.00
-Median ITL (ms):                         375.00
-P50 ITL (ms):                            375.00
-P90 ITL (ms):                            500.00
-P99 ITL (ms):                            500.00
-----------------End-to-end Latency----------------
-Mean E2EL (ms):                          1166.67
-Median E2EL (ms):                        1500.00
-P50 E2EL (ms):                           1500.00
-P90 E2EL (ms):                           1500.00
-P99 E2EL (ms):                           1500.00
-=================================================="""
-
-
 def test_format_metrics_prints_vllms_table():
-    # Every figure is one of the hand-worked ones above: TTFT mean 7/12 s, TPOT (1/3 + 1/8) / 2 s and
-    # its p90 1/8 + 0.9 * (1/3 - 1/8) s, E2EL mean 3.5 / 3 s; labels and rules as vLLM prints them.
-    text = format_metrics(calculate_metrics(trace(), 4.0, goodput_slos={"ttft": 500}))
-    assert text == TABLE
-    # Without an SLO the goodput line is left out, and nothing else changes.
-    without = [line for line in TABLE.splitlines() if "goodput" not in line]
-    assert format_metrics(calculate_metrics(trace(), 4.0)).splitlines() == without
+    # Figures from the hand-worked ones above (TTFT mean 7/12 s, TPOT p90 1/8 + 0.9 * (1/3 - 1/8) s),
+    # labelled, padded and ruled as vLLM prints them.
+    lines = format_metrics(calculate_metrics(trace(), 4.0, goodput_slos={"ttft": 500})).splitlines()
+    assert lines[0] == "{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=") and lines[-1] == "=" * 50
+    for label, value in [("Successful requests:", "3"), ("Failed requests:", "1"), ("Request goodput (req/s):", "0.50"),
+                         ("Output token throughput (tok/s):", "2.50"), ("Mean TTFT (ms):", "583.33"),
+                         ("P90 TPOT (ms):", "312.50"), ("P99 ITL (ms):", "500.00"), ("Mean E2EL (ms):", "1166.67")]:
+        assert f"{label:<40} {value}" in lines
+    for section in ("Time to First Token", "Time per Output Token (excl. 1st token)", "Inter-token Latency",
+                    "End-to-end Latency"):
+        assert "{s:{c}^{n}}".format(s=section, n=50, c="-") in lines
+    without = format_metrics(calculate_metrics(trace(), 4.0)).splitlines()  # no SLO: no goodput line, nothing else
+    assert without == [line for line in lines if "goodput" not in line]
 
 
 def test_parse_goodput():
     assert parse_goodput("ttft:500 tpot:50") == {"ttft": 500.0, "tpot": 50.0}
-    assert parse_goodput(["e2el:2000"]) == {"e2el": 2000.0}
-    assert parse_goodput(("tpot:0", "ttft:1.5")) == {"tpot": 0.0, "ttft": 1.5}
+    assert parse_goodput(("tpot:0", "e2el:1.5")) == {"tpot": 0.0, "e2el": 1.5}
     assert parse_goodput("") == {}
 
 
 @pytest.mark.parametrize("spec, error, named", [
-    ("ttft=500", ValueError, "'ttft=500'"), ("ttft:fast", ValueError, "ttft:fast"), ("ttft:1:2", ValueError, "ttft:1:2"),
-    (["ttft:5", 3], ValueError, "3"), ("itl:50", ValueError, "'itl'"), ("ttft:-1", ValueError, "ttft.*-1"),
-    ("e2el:inf", ValueError, "e2el.*inf"), (5, TypeError, "goodput"),
+    ("ttft=500", ValueError, "'ttft=500'"), ("ttft:fast", ValueError, "ttft:fast"), (["ttft:5", 3], ValueError, "3"),
+    ("itl:50", ValueError, "'itl'"), ("ttft:-1", ValueError, "ttft.*-1"), (5, TypeError, "goodput"),
 ])
 def test_parse_goodput_names_the_bad_part(spec, error, named):
     with pytest.raises(error, match=named):
@@ -218,7 +171,6 @@ BASE = dict(start=0.0, chunk_times=[0.5], end=1.0, prompt_tokens=1, output_token
 @pytest.mark.parametrize("kwargs, error, field", [
     (dict(start=float("nan")), ValueError, "start.*nan"),
     (dict(start=True), ValueError, "start.*True"),
-    (dict(end=float("inf")), ValueError, "end.*inf"),
     (dict(end=-1.0, chunk_times=[], success=False), ValueError, "end must be >= start"),
     (dict(chunk_times="0.5"), TypeError, "chunk_times"),
     (dict(chunk_times=[0.5, float("nan")]), ValueError, r"chunk_times\[1\]"),
@@ -226,7 +178,6 @@ BASE = dict(start=0.0, chunk_times=[0.5], end=1.0, prompt_tokens=1, output_token
     (dict(chunk_times=[0.5, 0.75, 0.25]), ValueError, r"chunk_times\[2\]"),    # unsorted
     (dict(chunk_times=[0.5, 0.75, 2.0]), ValueError, "chunk_times.*end"),      # after end
     (dict(prompt_tokens=-1), ValueError, "prompt_tokens"),
-    (dict(output_tokens=True), ValueError, "output_tokens"),
     (dict(success=1), TypeError, "success"),
     (dict(chunk_times=[]), ValueError, "chunk time"),  # a success without a first chunk has no TTFT
 ])
@@ -236,9 +187,7 @@ def test_a_record_refuses_impossible_values_naming_the_field(kwargs, error, fiel
 
 
 @pytest.mark.parametrize("kwargs, error, named", [
-    (dict(duration=0), ValueError, "duration"), (dict(duration=float("inf")), ValueError, "duration"),
-    (dict(duration=True), ValueError, "duration"),
-    (dict(duration=4.0, percentiles=(50, -1)), ValueError, "percentiles.*-1"),
+    (dict(duration=0), ValueError, "duration"), (dict(duration=True), ValueError, "duration"),
     (dict(duration=4.0, percentiles=(50, 100.5)), ValueError, "percentiles.*100.5"),
     (dict(duration=4.0, goodput_slos=[("ttft", 5)]), TypeError, "goodput_slos"),
     (dict(duration=4.0, goodput_slos={"ttft": True}), ValueError, "ttft"),

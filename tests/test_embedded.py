@@ -35,7 +35,6 @@ def test_logits_match_transformers_gguf_load(model, prompts):
 
 def test_identity_check_three_configs(model, prompts):
     result = identity_check(model, prompts, max_tokens=24)
-    print(result.table())
     assert [r.identical for r in result.rows] == [True, True, True]
     rows = {r.name: r for r in result.rows}
     assert rows["budget 64, 10 blocks"].preemptions >= 1
@@ -50,9 +49,7 @@ def test_identity_check_in_bfloat16(prompts):
     batches gives each request the bits it gets alone (see mini_llm.linear and attention)."""
     bf16 = Transformer.from_pretrained(dtype="bf16")  # a name works as well as torch.bfloat16
     result = identity_check(bf16, prompts, max_tokens=24)
-    print(result.table())
     assert [r.identical for r in result.rows] == [True, True, True]
-
 
 
 def test_the_embedded_model_gives_the_same_tokens_with_the_attention_kernel(prompts):

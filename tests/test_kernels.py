@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nano_engine.attention import GatherBuffers, paged_attention, plan_attention
-from nano_engine.engine import EngineConfig, LLMEngine
+from nano_engine.engine import LLMEngine
 from nano_engine.kernels import paged_decode
 from nano_engine.mini_llm import attention, generate
 from nano_engine.sampling import SamplingParams
@@ -99,7 +99,7 @@ def test_paged_decode_refuses_what_it_cannot_read_by_name():
     with pytest.raises(ValueError, match="a context of 13 tokens does not fit block tables of 3 blocks of 4"):
         paged_decode.paged_decode(q, kc, vc, bt, torch.tensor([5, 13], dtype=torch.int32), 4)
     with pytest.raises(ValueError, match="a context of 13 tokens does not fit"):
-        paged_decode.paged_decode(q, kc, vc, bt, lens, 4, width=13)  # a width given by the caller is checked too
+        paged_decode.paged_decode(q, kc, vc, bt, lens, 4, width=13)  # the width the engine passes is checked too
     with pytest.raises(ValueError, match="at least 1; the shortest is 0"):
         paged_decode.paged_decode(q, kc, vc, bt, torch.tensor([0, 9], dtype=torch.int32), 4)
     args = {"q": q, "k_cache": kc, "v_cache": vc, "block_tables": bt, "context_lens": lens}
@@ -107,12 +107,10 @@ def test_paged_decode_refuses_what_it_cannot_read_by_name():
         strided = torch.stack([t, t], dim=-1)[..., 0]  # the same values, not contiguous
         with pytest.raises(ValueError, match=f"contiguous.*{name}"):
             paged_decode.paged_decode(**{**args, name: strided}, block_size=4)
-    for name in ("block_tables", "context_lens"):
-        with pytest.raises(ValueError, match=f"{name}.*int32"):
-            paged_decode.paged_decode(**{**args, name: args[name].long()}, block_size=4)
-    for name in ("k_cache", "v_cache"):
-        with pytest.raises(ValueError, match=f"{name} is torch.bfloat16"):
-            paged_decode.paged_decode(**{**args, name: args[name].bfloat16()}, block_size=4)
+    with pytest.raises(ValueError, match="block_tables.*int32"):
+        paged_decode.paged_decode(**{**args, "block_tables": bt.long()}, block_size=4)
+    with pytest.raises(ValueError, match="v_cache is torch.bfloat16"):
+        paged_decode.paged_decode(**{**args, "v_cache": vc.bfloat16()}, block_size=4)
 
 
 ENGINE_CONFIGS = [
@@ -152,9 +150,7 @@ def test_the_engine_with_the_kernel_equals_generate(dtype, monkeypatch):
 
 
 def test_a_backend_is_named_and_a_dtype_it_cannot_run_is_refused_before_allocation():
-    with pytest.raises(ValueError, match="attention_backend='cuda'"):
-        EngineConfig(attention_backend="cuda")
-    with pytest.raises(ValueError, match="attention_backend='C'"):
+    with pytest.raises(ValueError, match="attention_backend='C'"):  # EngineConfig's own: test_errors.py
         LLMEngine(tiny_model(dtype=torch.float32), attention_backend="C")
     for dtype in (torch.float64, torch.float16):
         model = tiny_model(dtype=dtype)
@@ -182,7 +178,7 @@ def fake_compiler(folder, name, stderr="", code=0):
     return folder / f"{name}.args"
 
 
-@pytest.mark.parametrize("names", [["c++"], ["g++"], ["c++", "g++"]])
+@pytest.mark.parametrize("names", [["g++"], ["c++", "g++"]])
 def test_the_compiler_is_cxx_then_cplusplus_then_gplusplus(monkeypatch, tmp_path, names):
     monkeypatch.setenv("NANO_ENGINE_CACHE", str(tmp_path / "a" / "b"))  # parents made as needed
     monkeypatch.delenv("CXX", raising=False)
@@ -196,9 +192,6 @@ def test_the_compiler_is_cxx_then_cplusplus_then_gplusplus(monkeypatch, tmp_path
 
 def test_a_failed_build_says_what_to_do(monkeypatch, tmp_path):
     monkeypatch.setenv("NANO_ENGINE_CACHE", str(tmp_path))
-    monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails
-    with pytest.raises(paged_decode.KernelBuildError, match='exit 1.*attention_backend="torch"'):
-        paged_decode.build()
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     with pytest.raises(paged_decode.KernelBuildError, match='no-such-compiler.*attention_backend="torch"'):
         paged_decode.build()
@@ -207,7 +200,7 @@ def test_a_failed_build_says_what_to_do(monkeypatch, tmp_path):
     with pytest.raises(paged_decode.KernelBuildError, match='c\\+\\+ or g\\+\\+.*attention_backend="torch"'):
         paged_decode.build()  # no compiler on PATH
     fake_compiler(tmp_path / "bin", "g++", stderr="paged_decode.cpp:3: error\\nsecond line", code=2)
-    with pytest.raises(paged_decode.KernelBuildError, match="exit 2") as e:
+    with pytest.raises(paged_decode.KernelBuildError, match='exit 2.*attention_backend="torch"') as e:
         paged_decode.build()
     assert str(e.value).endswith("paged_decode.cpp:3: error\nsecond line")  # what the compiler said
     assert not list(tmp_path.rglob("*.so"))  # nothing half-built is left to be loaded later

@@ -44,14 +44,6 @@ def cache_root(tmp_path_factory):
         yield root
 
 
-@pytest.fixture(scope="module")
-def embedded(cache_root):
-    path = loading.embedded_model_path()
-    assert not loading.cache_dir(path).exists()
-    cfg, state = loading.load_checkpoint(path)
-    return path, cfg, state
-
-
 # ----- the embedded model -----
 
 def test_the_embedded_model_is_the_default(monkeypatch):
@@ -66,29 +58,14 @@ def test_a_missing_embedded_model_says_how_to_install_it(monkeypatch):
     refused(loading.embedded_model_path, loading.EMBEDDED_FILE, "scripts/setup.sh", error=ModelNotFoundError)
 
 
-def test_embedded_config_is_smollm2(embedded):
-    _, cfg, state = embedded
-    assert cfg["model_type"] == "llama"
-    assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["intermediate_size"]) == (30, 576, 1536)
-    assert (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]) == (9, 3, 64)
-    assert cfg["vocab_size"] == 49152 and cfg["max_position_embeddings"] == 8192
+def test_the_embedded_model_is_smollm2_and_its_second_load_comes_from_the_cache(cache_root, monkeypatch):
+    """Its logits are checked against transformers' own GGUF load in test_embedded.py."""
+    path = loading.embedded_model_path()
+    assert not loading.cache_dir(path).exists()
+    cfg, state = loading.load_checkpoint(path)
+    assert (cfg["model_type"], cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"]) == ("llama", 30, 576, 49152)
     assert cfg["tie_word_embeddings"] is True and "lm_head.weight" not in state
-    assert cfg["rope_theta"] == 1e5 and cfg["rope_scaling"] is None
-    assert cfg["rms_norm_eps"] == pytest.approx(1e-5)
-    assert (cfg["bos_token_id"], cfg["eos_token_id"]) == (1, 2)
-    assert cfg["attention_bias"] is False
-    assert state["model.embed_tokens.weight"].shape == (49152, 576)
-    assert state["model.layers.29.self_attn.k_proj.weight"].shape == (192, 576)
-    assert state["model.layers.0.mlp.down_proj.weight"].shape == (576, 1536)
-    assert len(state) == 1 + 30 * 9 + 1
     assert all(t.dtype == torch.float32 for t in state.values())
-
-
-def test_second_load_comes_from_cache(embedded, monkeypatch):
-    path, cfg, state = embedded
-    folder = loading.cache_dir(path)
-    assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
-    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".tmp-")]
 
     def no_conversion(_):
         raise AssertionError("the GGUF file was opened again")
@@ -99,38 +76,13 @@ def test_second_load_comes_from_cache(embedded, monkeypatch):
     cfg2, state2 = loading.load_checkpoint(path)
     assert cfg2 == cfg and state2.keys() == state.keys()
     assert all(torch.equal(state[k], state2[k]) for k in state)
-    half = loading.load_checkpoint(path, dtype=torch.bfloat16)[1]
-    assert half["model.norm.weight"].dtype == torch.bfloat16
-
-
-def test_q_k_unpermuted_like_transformers(embedded):
-    """Our names and q/k rows equal those of transformers' own GGUF loader, which maps names
-    with gguf's table and un-permutes q/k with LlamaTensorProcessor."""
-    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
-
-    path, cfg, state = embedded
-    table = gguf_py.get_tensor_name_map(gguf_py.MODEL_ARCH.LLAMA, cfg["num_hidden_layers"])
-    processor = LlamaTensorProcessor(config=cfg)
-    reader = gguf_py.GGUFReader(path)
-    ours = {t.name: gguf.hf_name(t.name) for t in reader.tensors}
-    assert set(ours.values()) == set(state)
-    for name, hf_name in ours.items():
-        base, _, suffix = hf_name.rpartition(".")
-        assert f"{table.get_name(base)}.{suffix}" == name
-    for t in reader.tensors:
-        if ".attn_q." in t.name or ".attn_k." in t.name:
-            w = processor.process(gguf_py.quants.dequantize(t.data, t.tensor_type), t.name).weights
-            assert torch.equal(state[ours[t.name]], torch.from_numpy(w)), t.name
 
 
 def test_chat_prompt_ids(cache_root):
     tok = loading.load_tokenizer()
-    folder = loading.cache_dir(loading.embedded_model_path())
-    assert (folder / "tokenizer_config.json").is_file()
     assert loading.chat_prompt_ids(tok, "What is a KV cache?") == KV_CACHE_PROMPT_IDS
     again = loading.load_tokenizer()  # from the cache this time
     assert loading.chat_prompt_ids(again, "What is a KV cache?") == KV_CACHE_PROMPT_IDS
-    assert again.eos_token_id == 2
 
 
 # ----- Hugging Face folders -----
@@ -151,16 +103,11 @@ def test_hf_folder_round_trip(tmp_path, config_class, extra):
     assert state.keys() == expected.keys()
     assert all(torch.equal(state[k], expected[k]) for k in expected)
     ref = model.config
-    for key in ("model_type", "vocab_size", "hidden_size", "intermediate_size",
-                "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings",
-                "bos_token_id", "eos_token_id"):
+    for key in ("model_type", "num_key_value_heads", "rms_norm_eps", "tie_word_embeddings", "eos_token_id"):
         assert cfg[key] == getattr(ref, key), key
     assert cfg["head_dim"] == (getattr(ref, "head_dim", None) or 64 // 4)  # Qwen2 has none
     assert cfg["rope_theta"] == ref.rope_parameters["rope_theta"] and cfg["rope_scaling"] is None
     assert cfg["attention_bias"] == (ref.model_type == "qwen2")
-    half = loading.load_checkpoint(tmp_path, dtype=torch.bfloat16)[1]
-    assert all(t.dtype == torch.bfloat16 for t in half.values())
 
 
 def test_old_style_config(tmp_path):
@@ -172,12 +119,16 @@ def test_old_style_config(tmp_path):
     raw.update(rope_theta=5e5, rope_scaling=scaling)
     (tmp_path / "config.json").write_text(json.dumps(raw))
     cfg, _ = loading.load_checkpoint(tmp_path)
-    assert cfg["head_dim"] == 16 and cfg["rope_theta"] == 5e5
-    assert cfg["rope_scaling"] == scaling
+    assert (cfg["head_dim"], cfg["rope_theta"], cfg["rope_scaling"]) == (16, 5e5, scaling)
 
 
-def test_a_config_that_leaves_fields_out_gets_transformers_defaults():
-    cfg = files.normalize_config(BASE_CONFIG, {})
+def test_a_config_that_leaves_fields_out_or_writes_them_as_null_gets_transformers_defaults():
+    """config.json files in the wild say `"max_position_embeddings": null`: the default, not None
+    (which would fail deep in add_request, or give every RMSNorm torch's own eps)."""
+    nulls = dict.fromkeys(("num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings",
+                           "rope_theta", "tie_word_embeddings", "attention_bias"))
+    files.check_config({**BASE_CONFIG, **nulls}, "config.json")
+    cfg = files.normalize_config({**BASE_CONFIG, **nulls}, {})
     hf = transformers.LlamaConfig(**{k: v for k, v in BASE_CONFIG.items() if k != "model_type"})
     for key in ("head_dim", "num_key_value_heads", "rms_norm_eps", "max_position_embeddings", "attention_bias"):
         assert cfg[key] == getattr(hf, key), key
@@ -186,16 +137,6 @@ def test_a_config_that_leaves_fields_out_gets_transformers_defaults():
     assert cfg["tie_word_embeddings"] is True
     cfg = files.normalize_config({**BASE_CONFIG, "model_type": "qwen2"}, {"lm_head.weight": 0})
     assert (cfg["tie_word_embeddings"], cfg["attention_bias"]) == (False, True)
-
-
-
-def test_a_field_written_as_null_is_a_field_left_out():
-    """config.json files in the wild say `"max_position_embeddings": null`: the default, not None
-    (which would fail deep in add_request, or give every RMSNorm torch's own eps)."""
-    nulls = dict.fromkeys(("num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings",
-                           "rope_theta", "tie_word_embeddings", "attention_bias"))
-    files.check_config({**BASE_CONFIG, **nulls}, "config.json")
-    assert files.normalize_config({**BASE_CONFIG, **nulls}, {}) == files.normalize_config(BASE_CONFIG, {})
 
 
 @pytest.fixture(scope="module")
@@ -208,17 +149,14 @@ def hf_folder(tmp_path_factory):
 @pytest.mark.parametrize("dtype, expected", [
     ("float32", torch.float32), ("fp32", torch.float32), ("bfloat16", torch.bfloat16),
     ("bf16", torch.bfloat16), ("float16", torch.float16), ("fp16", torch.float16),
-    ("float64", torch.float64), (torch.bfloat16, torch.bfloat16), (torch.float64, torch.float64),
+    ("float64", torch.float64), (torch.bfloat16, torch.bfloat16),
 ])
 def test_from_pretrained_takes_dtype_names(hf_folder, dtype, expected):
     model = Transformer.from_pretrained(hf_folder, dtype=dtype)
     assert model.dtype == expected and {p.dtype for p in model.parameters()} == {expected}
-    assert loading.load_checkpoint(hf_folder, dtype=dtype)[1]["model.norm.weight"].dtype == expected
 
 
-@pytest.mark.parametrize("dtype, error", [("half", ValueError), ("torch.float32", ValueError),
-                                          (torch.int8, ValueError), (torch.complex64, ValueError),
-                                          (16, TypeError), (None, TypeError)])
+@pytest.mark.parametrize("dtype, error", [("half", ValueError), (torch.int8, ValueError), (None, TypeError)])
 def test_from_pretrained_refuses_other_dtypes_before_loading(hf_folder, monkeypatch, dtype, error):
     monkeypatch.setattr(loading, "load_checkpoint", lambda *a, **k: pytest.fail("the checkpoint was read first"))
     with pytest.raises(error, match=f"^dtype={dtype}|^dtype='{dtype}'") as e:
@@ -226,7 +164,8 @@ def test_from_pretrained_refuses_other_dtypes_before_loading(hf_folder, monkeypa
     assert "bfloat16" in str(e.value)  # and what it may be instead
 
 
-def test_a_folders_weights_are_cast_tied_or_refused_by_name(tmp_path):
+def test_a_folders_weights_are_cast_or_refused_by_name(tmp_path):
+    """A tied checkpoint's stored head is dropped: test_mini_llm's test_from_pretrained_gives_a_fused_..."""
     from safetensors.torch import load_file as read, save_file
 
     save_hf_folder(tmp_path, tokenizer=False, tie_word_embeddings=False)
@@ -235,12 +174,7 @@ def test_a_folders_weights_are_cast_tied_or_refused_by_name(tmp_path):
     save_file({**state, "model.extra_ids": torch.arange(3)}, weights)  # an integer tensor keeps its dtype
     half = loading.load_checkpoint(tmp_path, dtype="bf16")[1]
     assert half["model.extra_ids"].dtype == torch.int64 and half["lm_head.weight"].dtype == torch.bfloat16
-    raw = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**raw, "tie_word_embeddings": True}))
-    cfg, tied = loading.load_checkpoint(tmp_path)  # tied: a stored lm_head is dropped, the embedding serves
-    assert cfg["tie_word_embeddings"] is True and "lm_head.weight" not in tied
-    save_file({k: v for k, v in state.items() if k != "lm_head.weight"}, weights)
-    (tmp_path / "config.json").write_text(json.dumps({**raw, "tie_word_embeddings": False}))
+    save_file({k: v for k, v in state.items() if k != "lm_head.weight"}, weights)  # untied, no head
     refused(lambda: loading.load_checkpoint(tmp_path), tmp_path, "tie_word_embeddings", "lm_head.weight")
     weights.write_bytes(safetensors_bytes({"w": {"dtype": "NOPE", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4))
     e = refused(lambda: loading.load_checkpoint(tmp_path), weights)  # a whole header, but safetensors refuses it
@@ -249,22 +183,21 @@ def test_a_folders_weights_are_cast_tied_or_refused_by_name(tmp_path):
 
 # ----- GGUF files -----
 
-@pytest.mark.parametrize("name", ["rope_freqs.weight", "blk.x.attn_q.weight", "blk.1.attn_q.extra.weight",
-                                  "blk.1.unknown.weight", "model.norm.weight"])
+@pytest.mark.parametrize("name", ["rope_freqs.weight", "blk.x.attn_q.weight", "blk.1.unknown.weight"])
 def test_a_gguf_tensor_the_engine_does_not_run_is_refused_by_name(name):
     refused(lambda: gguf.hf_name(name, "f.gguf"), "f.gguf", name)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_gguf_round_trip(tmp_path, monkeypatch, arch):
-    """A tiny GGUF written the way llama.cpp writes it loads back as the HF model, in float32; its
-    cache is a Hugging Face folder that transformers can read too."""
+    """A tiny GGUF written the way llama.cpp writes it (q/k rows permuted, llama.cpp's names) loads
+    back as the HF model, in float32; its cache is a Hugging Face folder that transformers can read too."""
     from safetensors import safe_open
 
     monkeypatch.setenv("NANO_ENGINE_CACHE", str(tmp_path / "cache"))
     hf = write_gguf(tmp_path / "tiny.gguf", arch)
     cfg, state = loading.load_checkpoint(tmp_path / "tiny.gguf")
-    assert cfg["model_type"] == arch and cfg["num_key_value_heads"] == 2 and cfg["eos_token_id"] == 2
+    assert (cfg["model_type"], cfg["num_key_value_heads"]) == (arch, 2)
     assert cfg["head_dim"] == (16 if arch == "qwen2" else 32)
     assert cfg["tie_word_embeddings"] is ("lm_head.weight" not in hf)
     assert cfg["attention_bias"] is (arch == "qwen2")
@@ -286,11 +219,7 @@ def test_first_gguf_load_shows_progress_on_a_terminal_only(tmp_path, monkeypatch
     n = len(write_gguf(tmp_path / "tiny.gguf"))
     monkeypatch.setattr(sys, "stderr", _Terminal())
     loading.load_checkpoint(tmp_path / "tiny.gguf")
-    bar = sys.stderr.getvalue()
-    assert "tiny.gguf" in bar and f"{n}/{n}" in bar
-    monkeypatch.setattr(sys, "stderr", _Terminal())
-    loading.load_checkpoint(tmp_path / "tiny.gguf")  # from the cache: nothing to show
-    assert sys.stderr.getvalue() == ""
+    assert "tiny.gguf" in sys.stderr.getvalue() and f"{n}/{n}" in sys.stderr.getvalue()
     monkeypatch.undo()
     # Not a terminal (a log file, a pipe, pytest's capture): quiet.
     monkeypatch.setenv("NANO_ENGINE_CACHE", str(tmp_path / "other_cache"))
@@ -332,7 +261,7 @@ def test_a_gguf_config_comes_from_its_metadata(tmp_path):
     assert cfg["rms_norm_eps"] == pytest.approx(1e-5) and type(cfg["rms_norm_eps"]) is float
 
 
-@pytest.mark.parametrize("key", list(GGUF_META))
+@pytest.mark.parametrize("key", ["block_count", "attention.layer_norm_rms_epsilon"])
 def test_a_gguf_without_a_hyperparameter_is_refused_by_name(tmp_path, key):
     path = meta_gguf(tmp_path / "m.gguf", "qwen2", drop=(key,))
     refused(lambda: gguf.open_gguf(path), path, f"qwen2.{key}")
@@ -348,10 +277,6 @@ def test_a_bad_gguf_file_is_refused_naming_it_before_dequantizing(tmp_path, monk
     path = meta_gguf(tmp_path / "kv.gguf", extra={"attention.head_count_kv": ("add_uint32", 3)},
                      tensors=["token_embd.weight"])
     refused(lambda: gguf.convert_gguf(path), path, "num_key_value_heads=3")  # checked as a config.json is
-    path = meta_gguf(tmp_path / "rope.gguf", extra={"rope.scaling.type": ("add_string", "linear"),
-                                                    "rope.scaling.factor": ("add_float32", 2.0)},
-                     tensors=["token_embd.weight"])
-    refused(lambda: gguf.convert_gguf(path), path, "linear")
     path = meta_gguf(tmp_path / "m.gguf", tensors=["token_embd.weight", "rope_freqs.weight"])
     monkeypatch.setattr(gguf_py.quants, "dequantize", lambda *a: pytest.fail("a tensor was dequantized"))
     refused(lambda: loading.load_checkpoint(path), path, "rope_freqs.weight")
@@ -375,13 +300,12 @@ def test_cache_dir_is_keyed_on_content_and_size(tmp_path, monkeypatch):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "m.gguf").write_bytes(content)
     key = loading.cache_dir(tmp_path / "a" / "m.gguf")
-    assert key.parent == tmp_path / "cache" and key.name.startswith("m-")
+    assert key.parent == tmp_path / "cache"
     assert loading.cache_dir(str(tmp_path / "b" / "m.gguf")) == key  # a copy elsewhere shares the cache
     assert loading.cache_dir(tmp_path / "c" / "m.gguf") != key != loading.cache_dir(tmp_path / "d" / "m.gguf")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    for unset in (monkeypatch.delenv, lambda name: monkeypatch.setenv(name, "")):
-        unset("NANO_ENGINE_CACHE")
-        assert loading.cache_dir(tmp_path / "a" / "m.gguf") == tmp_path / "home" / ".cache" / "nano_engine" / key.name
+    monkeypatch.setenv("NANO_ENGINE_CACHE", "")  # set but empty: the default
+    assert loading.cache_dir(tmp_path / "a" / "m.gguf") == tmp_path / "home" / ".cache" / "nano_engine" / key.name
 
 
 def test_a_cache_write_is_whole_or_absent(tmp_path, monkeypatch):
@@ -423,21 +347,18 @@ def test_a_tokenizer_error_names_the_model_first_load_or_cached(tmp_path, monkey
     asked = []
 
     def from_pretrained(folder, **kwargs):
-        asked.append((folder, kwargs))
+        asked.append(kwargs)
         raise OSError("cannot\n   read   it")
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", from_pretrained)
     save_hf_folder(tmp_path / "hf", tokenizer=False)
     (tmp_path / "hf" / "tokenizer.json").write_text("{}")
     refused(lambda: loading.load_tokenizer(tmp_path / "hf"), tmp_path / "hf", "cannot read it")
-    assert asked[-1][1] == {"local_files_only": True}
     path = meta_gguf(tmp_path / "m.gguf", tokenizer=True)
     refused(lambda: loading.load_tokenizer(path), path)
-    assert asked[-1] == (tmp_path, {"local_files_only": True, "gguf_file": "m.gguf"})
-    cache = loading.cache_dir(path)
-    cache.mkdir(parents=True)
-    (cache / "tokenizer_config.json").write_text("{}")  # converted before: read from the cache
+    loading.cache_dir(path).mkdir(parents=True)
+    (loading.cache_dir(path) / "tokenizer_config.json").write_text("{}")  # converted before: read from the cache
     refused(lambda: loading.load_tokenizer(path), path)
-    assert asked[-1][0] == cache
+    assert all(kw["local_files_only"] is True for kw in asked)
 
 
 def test_chat_prompt_ids_needs_a_template_and_returns_ints():
@@ -457,28 +378,24 @@ def test_chat_prompt_ids_needs_a_template_and_returns_ints():
 
 def test_model_paths_and_what_is_not_a_model(tmp_path, monkeypatch):
     monkeypatch.delenv("NANO_ENGINE_MODEL", raising=False)
-    refused(lambda: loading.load_checkpoint(tmp_path / "does-not-exist"), tmp_path / "does-not-exist",
-            error=ModelNotFoundError)
-    refused(lambda: loading.load_tokenizer(tmp_path / "nope.gguf"), tmp_path / "nope.gguf", error=FileNotFoundError)
+    refused(lambda: loading.load_checkpoint(tmp_path / "gone"), tmp_path / "gone", error=ModelNotFoundError)
     (tmp_path / "empty" / "config.json").mkdir(parents=True)  # a folder named config.json is not the file
     refused(lambda: loading.resolve_model_path(tmp_path / "empty"), tmp_path / "empty", "config.json",
             error=ModelNotFoundError)
-    for name in ("model.safetensors", "config.json", "model.bin"):
+    for name in ("model.safetensors", "model.bin"):  # one file of a folder; not a model at all
         (tmp_path / name).write_text("{}")
         refused(lambda: loading.resolve_model_path(tmp_path / name), tmp_path / name)
     with pytest.raises(TypeError, match="^path=3 "):
         loading.resolve_model_path(3)
     (tmp_path / "m.gguf").write_bytes(b"")
-    assert loading.resolve_model_path(str(tmp_path / "m.gguf")) == tmp_path / "m.gguf"
     monkeypatch.setenv("HOME", str(tmp_path))
     assert loading.resolve_model_path("~/m.gguf") == tmp_path / "m.gguf"  # ~ is the user's home
     tiny_hf_model(transformers.LlamaConfig).save_pretrained(tmp_path / "hf")
     monkeypatch.setenv("NANO_ENGINE_MODEL", str(tmp_path / "hf"))
     assert loading.resolve_model_path() == tmp_path / "hf"
     assert loading.resolve_model_path(tmp_path / "m.gguf") == tmp_path / "m.gguf"  # a path given wins over the env
-    for bad, error in (("gone", ModelNotFoundError), ("empty", ModelNotFoundError), ("model.bin", ModelLoadError)):
-        monkeypatch.setenv("NANO_ENGINE_MODEL", str(tmp_path / bad))
-        refused(loading.resolve_model_path, tmp_path / bad, "$NANO_ENGINE_MODEL", error=error)
+    monkeypatch.setenv("NANO_ENGINE_MODEL", str(tmp_path / "gone"))
+    refused(loading.resolve_model_path, tmp_path / "gone", "$NANO_ENGINE_MODEL", error=ModelNotFoundError)
 
 
 def test_check_model_reads_no_weights(tmp_path, monkeypatch):
@@ -486,11 +403,6 @@ def test_check_model_reads_no_weights(tmp_path, monkeypatch):
     monkeypatch.setattr(loading, "load_file", lambda *a: pytest.fail("a weight was read"))
     assert loading.check_model(tmp_path / "hf", tokenizer=False) == tmp_path / "hf"
     refused(lambda: loading.check_model(tmp_path / "hf"), tmp_path / "hf", "tokenizer", error=ModelNotFoundError)
-    raw = json.loads((tmp_path / "hf" / "config.json").read_text())
-    (tmp_path / "hf" / "config.json").write_text(json.dumps({**raw, "num_hidden_layers": 0}))
-    refused(lambda: loading.check_model(tmp_path / "hf", tokenizer=False), tmp_path / "hf" / "config.json",
-            "num_hidden_layers=0")
-    (tmp_path / "hf" / "config.json").write_text(json.dumps(raw))
     (tmp_path / "hf" / "model.safetensors").write_bytes(b"")
     refused(lambda: loading.check_model(tmp_path / "hf", tokenizer=False), tmp_path / "hf" / "model.safetensors",
             "empty")
@@ -500,25 +412,19 @@ def test_check_model_reads_no_weights(tmp_path, monkeypatch):
 
 BASE_CONFIG = {"model_type": "llama", "vocab_size": 32, "hidden_size": 64, "intermediate_size": 128,
                "num_hidden_layers": 2, "num_attention_heads": 4}
-REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-CONFIG_REFUSALS = [  # (changes to BASE_CONFIG, "delete" to delete a key; what the message must name)
-    *[({"model_type": value}, "model_type") for value in (None, "delete", "gpt2", "Llama")],
-    *[({name: "delete"}, name) for name in REQUIRED],
-    *[({name: None}, name) for name in ("vocab_size", "num_attention_heads")],
-    *[({name: 0}, f"{name}=0") for name in
-      (*REQUIRED, "num_key_value_heads", "head_dim", "max_position_embeddings")],
-    ({"hidden_size": "64"}, "hidden_size"), ({"head_dim": 16.5}, "head_dim"),
-    ({"rms_norm_eps": 0}, "rms_norm_eps"), ({"rope_theta": -1.0}, "rope_theta"), ({"rope_theta": "big"}, "rope_theta"),
-    ({"tie_word_embeddings": "no"}, "tie_word_embeddings"), ({"attention_bias": 1}, "attention_bias"),
-    ({"bos_token_id": -1}, "bos_token_id"), ({"eos_token_id": [2, -3]}, "eos_token_id=-3"),
-    ({"eos_token_id": "2"}, "eos_token_id"), ({"num_key_value_heads": 3}, "num_key_value_heads=3"),
-    ({"head_dim": 15}, "head_dim=15"), ({"hidden_size": 66}, "head_dim"), ({"hidden_size": 60}, "head_dim"),
+CONFIG_REFUSALS = [  # (changes to BASE_CONFIG, "delete" to delete a key; what the message must name): one per rule
+    ({"model_type": "gpt2"}, "gpt2"), ({"model_type": "delete"}, "model_type"),
+    ({"hidden_size": "delete"}, "hidden_size"), ({"vocab_size": None}, "vocab_size"),  # required, null or not
+    ({"num_hidden_layers": 0}, "num_hidden_layers=0"), ({"head_dim": 0}, "head_dim=0"), ({"hidden_size": "64"}, "hidden_size"),
+    ({"rms_norm_eps": 0}, "rms_norm_eps"), ({"rope_theta": "big"}, "rope_theta"),
+    ({"tie_word_embeddings": "no"}, "tie_word_embeddings='no'"),
+    ({"eos_token_id": [2, -3]}, "eos_token_id=-3"), ({"num_key_value_heads": 3}, "num_key_value_heads=3"),
+    ({"head_dim": 15}, "head_dim=15"), ({"hidden_size": 66}, "head_dim"),
     ({"rope_parameters": [1]}, "rope_parameters"), ({"rope_parameters": {"rope_theta": 0}}, "rope_theta"),
     ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),
     ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "linear"),
     ({"rope_scaling": {"rope_type": "dynamic", "type": "llama3"}}, "dynamic"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "original_max_position_embeddings"),
-    ({"rope_parameters": {"rope_type": "llama3", "original_max_position_embeddings": 8}}, "factor"),
 ]
 
 
@@ -540,12 +446,10 @@ def test_a_config_the_engine_cannot_run_is_refused_naming_the_field(changes, nam
 
 @pytest.mark.parametrize("changes", [
     {}, {"model_type": "qwen3"}, {"model_type": "mistral"}, {"model_type": "qwen2"},
-    {"num_key_value_heads": None, "head_dim": None, "max_position_embeddings": None, "rope_theta": None},
-    {"num_key_value_heads": 2, "head_dim": 8}, {"hidden_size": 66, "head_dim": 16},  # hidden_size need not divide
+    {"hidden_size": 66, "head_dim": 16},  # hidden_size need not divide
     {"rms_norm_eps": 1e-9, "rope_theta": 1, "tie_word_embeddings": False, "attention_bias": True},
     {"bos_token_id": 0, "eos_token_id": [0, 2]}, {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
     {"rope_scaling": {"type": None}},
-    {"rope_scaling": {"type": "llama3", "factor": 8, "original_max_position_embeddings": 8}},
     {"rope_scaling": {}, "rope_parameters": {"rope_type": "llama3", "factor": 8,
                                             "original_max_position_embeddings": 8}},
 ])
@@ -554,11 +458,8 @@ def test_a_config_the_engine_runs_passes(changes):
 
 
 def test_a_config_or_index_that_is_not_a_json_object_is_refused_naming_the_file(tmp_path):
-    for raw in ([1, 2], "llama", None):
-        refused(lambda: files.check_config(raw, "c.json"), "c.json", "JSON object")
+    refused(lambda: files.check_config([1, 2], "c.json"), "c.json", "JSON object")
     f = tmp_path / "c.json"
-    f.write_text('{"a": [1, 2]}')
-    assert files.read_json(f) == {"a": [1, 2]}
     for bad in (b"{", b"\xff\xfe"):
         f.write_bytes(bad)
         refused(lambda: files.read_json(f), f, "not valid JSON")
@@ -572,15 +473,17 @@ def safetensors_bytes(header, data=b"", length=None):
     return (len(text) if length is None else length).to_bytes(8, "little") + text + data
 
 
+TWO = {"w": {"data_offsets": [0, 8]}, "v": {"data_offsets": [8, 12]}}
+
+
 @pytest.mark.parametrize("content, problem", [
     (b"", "empty"),
     (b"\x05" + b"\0" * 6, "truncated"),
     (safetensors_bytes({}, length=3), "truncated"),
     (safetensors_bytes(b"\xff\xfe"), "not a safetensors file"),
-    (safetensors_bytes([1]), "not a safetensors file"),
     (safetensors_bytes({"w": {"data_offsets": [0]}}), "not a safetensors file"),
-    (safetensors_bytes({"w": {"data_offsets": [0, 8]}, "v": {"data_offsets": [8, 12]}}, b"\0" * 11), "truncated"),
-    (safetensors_bytes({"w": {"data_offsets": [0, 8]}, "v": {"data_offsets": [8, 12]}}, b"\0" * 12), None),  # whole
+    (safetensors_bytes(TWO, b"\0" * 11), "truncated"),
+    (safetensors_bytes(TWO, b"\0" * 12), None),  # whole
     (safetensors_bytes({"__metadata__": {"data_offsets": [0, 99]}}), None),  # metadata is not a tensor
 ])
 def test_a_damaged_safetensors_file_is_refused_naming_it_before_any_read(tmp_path, content, problem):
@@ -592,16 +495,14 @@ def test_a_damaged_safetensors_file_is_refused_naming_it_before_any_read(tmp_pat
 
 
 def test_weight_files_from_the_index_or_the_folder(tmp_path):
-    whole = safetensors_bytes({})
     for name in ("b.safetensors", "a.safetensors", "c.safetensors"):
-        (tmp_path / name).write_bytes(whole)
+        (tmp_path / name).write_bytes(safetensors_bytes({}))
     assert files.weight_files(tmp_path) == [tmp_path / f"{n}.safetensors" for n in "abc"]
     index = tmp_path / "model.safetensors.index.json"
     index.write_text(json.dumps({"weight_map": {"x": "c.safetensors", "y": "b.safetensors", "z": "c.safetensors"}}))
     assert files.weight_files(tmp_path) == [tmp_path / "b.safetensors", tmp_path / "c.safetensors"]
-    for bad in ({}, {"weight_map": []}, {"weight_map": {"x": "b.safetensors", "y": None}}):
-        index.write_text(json.dumps(bad))
-        refused(lambda: files.weight_files(tmp_path), index, "weight_map")
+    index.write_text(json.dumps({"weight_map": {"x": "b.safetensors", "y": None}}))
+    refused(lambda: files.weight_files(tmp_path), index, "weight_map")
     index.write_text(json.dumps({"weight_map": {"x": "b.safetensors", "y": "gone.safetensors"}}))
     refused(lambda: files.weight_files(tmp_path), index, "gone.safetensors", error=ModelNotFoundError)
     index.write_text(json.dumps({"weight_map": {"x": "a.safetensors"}}))
@@ -609,7 +510,7 @@ def test_weight_files_from_the_index_or_the_folder(tmp_path):
     refused(lambda: files.weight_files(tmp_path), tmp_path / "a.safetensors", "empty")
 
 
-@pytest.mark.parametrize("name", ["pytorch_model.bin", "model.pt", "model.pth", "model.Q4.gguf", "notes.txt"])
+@pytest.mark.parametrize("name", ["pytorch_model.bin", "model.Q4.gguf", "notes.txt"])
 def test_a_folder_without_safetensors_names_the_weights_it_has(tmp_path, name):
     (tmp_path / name).write_bytes(b"")
     e = refused(lambda: files.weight_files(tmp_path), tmp_path, "*.safetensors", error=ModelNotFoundError)

@@ -38,9 +38,6 @@ def test_generate_releases_and_the_log_can_be_off(tiny):
     for i in range(30):
         engine.add_request([1 + i % 60], SamplingParams(max_tokens=2, ignore_eos=True))
     engine.step()
-    rec = engine.step_log[-1]
-    assert (rec.num_waiting, rec.num_running) == (29, 1) and len(rec.added) == 30
     engine.step()
     rec = engine.step_log[-1]
-    assert (rec.num_waiting, len(rec.added), rec.scheduled, rec.preempted) == (29, 0, [("0", 1, "decode")], [])
-    assert len(repr(rec)) < 400
+    assert (rec.num_waiting, rec.added, rec.scheduled) == (29, [], [("0", 1, "decode")]) and len(repr(rec)) < 400

@@ -58,15 +58,6 @@ def test_greedy_tokens_match_transformers(pair):
     assert torch.equal(torch.tensor(generate(ours, ids, 16)), ref)
 
 
-def test_kv_cache_decode_equals_full_recompute(tiny):
-    """generate's cached decode gives the logits of a full forward pass over the whole sequence."""
-    ids = torch.randint(1, 64, (9,), generator=torch.Generator().manual_seed(3))
-    out = generate(tiny, ids, 6)
-    full = torch.cat((ids, torch.tensor(out[:-1])))
-    logits = tiny.compute_logits(tiny(full, torch.arange(len(full))))
-    assert logits[len(ids) - 1:].argmax(-1).tolist() == out
-
-
 def test_generate_stops_at_eos(tiny):
     ids = [5, 6, 7]
     first = generate(tiny, ids, 1)[0]
@@ -131,21 +122,16 @@ def test_from_hf_reads_the_config_and_fills_what_it_leaves_out():
     assert all(getattr(cfg, k) == v for k, v in given.items())
     # q/k/v biases: Qwen2's default, anyone's when asked for; q/k norms: Qwen3's
     kinds = {kind: ModelConfig.from_hf(dict(BASE, model_type=kind)) for kind in ("llama", "qwen2", "qwen3", "mistral")}
-    assert {k: (c.model_type, c.attention_bias, c.qk_norm) for k, c in kinds.items()} == {
-        "llama": ("llama", False, False), "qwen2": ("qwen2", True, False), "qwen3": ("qwen3", False, True),
-        "mistral": ("mistral", False, False)}
+    assert {k: (c.attention_bias, c.qk_norm) for k, c in kinds.items()} == {
+        "llama": (False, False), "qwen2": (True, False), "qwen3": (False, True), "mistral": (False, False)}
     assert ModelConfig.from_hf(dict(BASE, attention_bias=True)).attention_bias is True
-    with pytest.raises(ValueError, match="model_type 'gpt2'"):
-        ModelConfig.from_hf(dict(BASE, model_type="gpt2"))
 
 
 @pytest.mark.parametrize("fields, theta, scaling", [
     ({"rope_theta": 5e5}, 5e5, None),
     ({"rope_scaling": LLAMA3}, 10000.0, LLAMA3),
-    ({"rope_theta": 5e5, "rope_scaling": LLAMA3}, 5e5, LLAMA3),
     # transformers 5 writes rope_parameters: the theta, and the scaling unless it is the default
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}, 1e6, None),
-    ({"rope_parameters": {"rope_theta": 1e6}}, 1e6, None),
     ({"rope_parameters": {**LLAMA3, "rope_theta": 5e5}}, 5e5, {**LLAMA3, "rope_theta": 5e5}),
 ])
 def test_from_hf_reads_rope_from_either_place(fields, theta, scaling):
@@ -161,9 +147,6 @@ def test_rope_scaling_of_the_default_type_under_either_key_is_no_scaling():
         assert torch.equal(rope_inv_freq(cfg), plain), sc
     cfg.rope_scaling = {"type": "llama3", **{k: v for k, v in LLAMA3.items() if k != "rope_type"}}
     assert not torch.equal(rope_inv_freq(cfg), plain)  # the old key still names the type
-    cfg.rope_scaling = {"type": "linear", "factor": 2.0}
-    with pytest.raises(ValueError, match="rope_scaling .*linear"):
-        rope_inv_freq(cfg)
 
 
 ROPE_FIELDS = dict(BASE, hidden_size=256, rope_theta=5e5)  # head_dim 64: wavelengths 6.3 to 2.3e5
@@ -177,12 +160,11 @@ def llama3_pair(scaling):
     return rope_inv_freq(ModelConfig.from_hf(dict(ROPE_FIELDS, rope_scaling=scaling))), want.float()
 
 
-@pytest.mark.parametrize("lo, hi", [(1.0, 4.0), (2.0, 8.0), (0.5, 3.0)])
-def test_llama3_rope_frequencies_are_transformers(lo, hi):
+def test_llama3_rope_frequencies_are_transformers():
     """Llama 3's rescaling against transformers' own, with factors other than Llama 3.1's 1 and 4."""
-    ours, want = llama3_pair(dict(LLAMA3, low_freq_factor=lo, high_freq_factor=hi))
+    ours, want = llama3_pair(dict(LLAMA3, low_freq_factor=0.5, high_freq_factor=3.0))
     wavelen = 2 * math.pi / rope_inv_freq(ModelConfig.from_hf(ROPE_FIELDS))  # before the rescaling
-    assert ((wavelen > 64 / hi) & (wavelen < 64 / lo)).any()  # some frequencies are in the smoothed band
+    assert ((wavelen > 64 / 3.0) & (wavelen < 64 / 0.5)).any()  # some frequencies are in the smoothed band
     torch.testing.assert_close(ours, want, rtol=1e-6, atol=0)
 
 
@@ -284,22 +266,16 @@ def small_checkpoint(**fields):
     return cfg, state
 
 
-def test_from_pretrained_loads_an_inference_model_fused_and_named(tmp_path):
-    cfg, state = small_checkpoint()
-    folder = write_folder(tmp_path / "m", cfg, state)
-    model = Transformer.from_pretrained(folder, dtype=torch.float64)
-    assert model.name_or_path == str(folder) and model.dtype == torch.float64 and not model.training
-    assert not any(p.requires_grad for p in model.parameters())
-    assert model.model.layers[0].self_attn.qkv_weight is not None and not model.prepacked
-    assert all(torch.equal(model.state_dict()[k], v.double()) for k, v in state.items())
-
-
-def test_a_tied_checkpoint_loads_with_or_without_a_head_of_its_own(tmp_path):
+def test_from_pretrained_gives_a_fused_inference_model_tied_with_or_without_a_head_of_its_own(tmp_path):
     cfg, state = small_checkpoint(tie_word_embeddings=True)
     for name, extra in (("bare", {}), ("with_head", {"lm_head.weight": torch.zeros(16, 8)})):
-        model = Transformer.from_pretrained(write_folder(tmp_path / name, cfg, {**state, **extra}))
+        folder = write_folder(tmp_path / name, cfg, {**state, **extra})
+        model = Transformer.from_pretrained(folder)
         assert model.lm_head.weight is model.model.embed_tokens.weight, name
         assert torch.equal(model.lm_head.weight, state["model.embed_tokens.weight"]), name
+    assert model.name_or_path == str(folder) and not model.training
+    assert not any(p.requires_grad for p in model.parameters())
+    assert model.model.layers[0].self_attn.qkv_weight is not None and not model.prepacked
 
 
 @pytest.mark.parametrize("edit, names", [

@@ -33,32 +33,13 @@ def test_states_follow_the_step_log(tiny):
     # 3 has not arrived yet.
     assert [row[0] for row in tl.states] == ["prefill", "waiting", "waiting", None]
     for s, rec in enumerate(log):
-        for rid, n, kind in rec.scheduled:
-            assert tl.states[tl.request_ids.index(rid)][s] == kind
-        for rid in queue_states(log)[s].waiting:
-            assert tl.states[tl.request_ids.index(rid)][s] == "waiting"
-    counts = state_counts(tl)
-    assert counts["decode"] == sum(n for rec in log for _, n, k in rec.scheduled if k == "decode")
-    assert counts["prefill"] == sum(1 for rec in log for _, _, k in rec.scheduled if k == "prefill")
+        assert all(tl.states[tl.request_ids.index(rid)][s] == kind for rid, _, kind in rec.scheduled)
+        assert all(tl.states[tl.request_ids.index(rid)][s] == "waiting" for rid in queue_states(log)[s].waiting)
 
 
 def test_preemption_and_recompute_are_marked(tiny):
-    log = run(tiny, {}, budget=32, num_blocks=5, block_size=4)
-    counts = state_counts(timeline(log))
-    assert counts["preempted"] == sum(len(r.preempted) for r in log) >= 1
-    assert counts["recompute"] >= 1
-
-
-def test_plot_colours_each_state(tiny):
-    log = run(tiny, {}, budget=32, num_blocks=5, block_size=4)
-    ax = plot_timeline(log)
-    colours = {tuple(round(c, 3) for c in coll.get_facecolor()[0][:3]) for coll in ax.collections}
-    used = {k for k, v in state_counts(timeline(log)).items() if v}
-    expected = {tuple(round(c, 3) for c in matplotlib.colors.to_rgb(STATE_COLORS[k])) for k in used}
-    assert colours == expected
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == list(STATE_COLORS)
-    assert ax.get_xlim() == (0, len(log))
-    assert plot_timeline(log, x="seconds").get_xlabel() == "time (s)"
+    counts = state_counts(timeline(run(tiny, {}, budget=32, num_blocks=5, block_size=4)))
+    assert counts["preempted"] >= 1 and counts["recompute"] >= 1
 
 
 def test_static_waits_for_the_whole_batch(tiny):
@@ -69,33 +50,25 @@ def test_static_waits_for_the_whole_batch(tiny):
     done = {rid: next(i for i, r in enumerate(static) if rid in r.finished) for rid in "01"}
     assert first["2"] > max(done.values())
     assert len(continuous) < len(static)
-    fig = compare_figure(logs)
-    assert len(fig.axes) == 3
-    assert fig.axes[-1].get_xlim() == (0, max(map(len, logs.values())))  # no run is cut off
 
 
 def test_widget_switches_method_and_budget(tiny):
     calls = []
 
     def runner(settings, budget):
-        calls.append((tuple(sorted(settings.items())), budget))
+        calls.append(budget)
         return run(tiny, settings, budget=budget)
 
     tw = TimelineWidget(runner, budgets=[8, 16, 64])
-    assert tw.budget.value == 16 and tw.method.value == "static batching"
     first, first_png = tw.summary.value, bytes(tw.image.value)
-    assert first_png.startswith(b"\x89PNG")
     tw.method.value = "continuous + chunked prefill"
-    assert "continuous + chunked prefill" in tw.summary.value and tw.summary.value != first
-    assert bytes(tw.image.value) != first_png
+    assert "continuous + chunked prefill" in tw.summary.value and bytes(tw.image.value) not in (first_png, b"")
     tw.budget.value = 8
-    assert "budget 8" in tw.summary.value
     tw.method.value = "static batching"  # at budget 8 a whole request does not fit one step
     assert "cannot run" in tw.summary.value and "max_num_batched_tokens=8" in tw.summary.value
     assert bytes(tw.image.value) == b""
     tw.budget.value = 16
-    assert tw.summary.value == first and len(calls) == 4  # the first run came from the cache
-    assert bytes(tw.image.value) == first_png  # the same run draws the same figure
+    assert (tw.summary.value, bytes(tw.image.value), len(calls)) == (first, first_png, 4)  # the first run, cached
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "priority", "conservative", "static"])
@@ -200,6 +173,7 @@ def test_plot_draws_each_cell_where_its_step_is():
         (0, 1, 0.6, 0.8, c["waiting"]), (1, 1, 0.6, 0.8, c["prefill"]), (2, 1, 0.6, 0.8, c["preempted"]),
         (3, 1, 0.6, 0.8, c["recompute"])])
     assert [t.get_text() for t in ax.get_yticklabels()] == ["req a", "req b"] and ax.yaxis_inverted()  # a on top
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == list(STATE_COLORS)  # every state, used or not
     assert (ax.get_xlabel(), ax.get_xlim(), ax.get_title()) == ("step", (0, 4), "4 steps")
     plt.close(ax.figure)
 
@@ -237,12 +211,6 @@ def test_compare_figure_shares_the_longest_run():
     fig = compare_figure({"short": short, "long": hand_log()}, x="seconds")
     assert [ax.get_xlim() for ax in fig.axes] == [(0, 3.0)] * 2  # 12.5 + 0.5 - 10
     plt.close(fig)
-    fig = compare_figure({"only": hand_log()})
-    assert [(ax.get_title(), ax.get_xlabel(), ax.get_xlim()) for ax in fig.axes] == [("only: 4 steps", "step", (0, 4))]
-    plt.close(fig)
-    fig = compare_figure({"none": [], "nothing": []}, x="seconds")
-    assert [ax.get_xlim() for ax in fig.axes] == [(0, 1)] * 2
-    plt.close(fig)
 
 
 def test_widget_axis_switch_options_and_its_figure(monkeypatch):
@@ -259,13 +227,10 @@ def test_widget_axis_switch_options_and_its_figure(monkeypatch):
     assert tw.budget.value == 7 and tw.method.options == ("m1", "m2") and tw.axis.value == "steps"
     assert all(part in tw.summary.value for part in ("m1", "budget 7", "4 steps", "1 preemptions"))
     assert tw.budget.continuous_update is False  # a slider drag runs the engine once, on release
-    assert tw.widget.children == (tw.method, tw.budget, tw.axis, tw.summary, tw.image)
     # The figure drawn is closed (the Image widget shows it; no figure piles up), titled with the method and budget.
     (fig,) = closed
     assert fig.axes[0].get_title() == "m1, budget 7"
     steps_png = bytes(tw.image.value)
     tw.axis.value = "seconds"
     assert bytes(tw.image.value) not in (steps_png, b"") and calls == [({"policy": "fcfs"}, 7)]  # redrawn, not rerun
-    tw.method.value = "m2"
-    assert calls[-1] == ({"policy": "priority"}, 7)
     assert TimelineWidget(runner, budgets=[5, 7], x="seconds").axis.value == "seconds"
