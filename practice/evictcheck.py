@@ -159,12 +159,21 @@ def _sorted(pool, block_ids):
     pool.free(sorted(block_ids, reverse=True))
 
 
+def _one_at_a_time(pool, block_ids):
+    for b in reversed(list(block_ids)):
+        pool.free([b])
+
+
 RELEASE_MISTAKES = [
     (_forward, "release frees the table TAIL FIRST, pool.free(reversed(block_ids)): a request's last blocks, the "
                "least likely to be shared, are then evicted first, and its head (a shared system prompt) survives"),
     (_skip_shared, "release drops this request's reference to EVERY block of its table, shared ones too: a block "
                    "another request still holds stays out of the free queue by its reference count alone"),
     (_sorted, "free the table in its own order reversed (the prefix order), not sorted by block id"),
+    (_one_at_a_time, "release frees the whole table in ONE call, pool.free(reversed(block_ids)): the blocks that "
+                     "name no prefix (the partial tail, a block whose prefix another block already names) go to "
+                     "the front in the order given, the tail first; freed one call at a time, each goes ahead of "
+                     "the one before, and the tail ends up behind them"),
 ]
 
 
@@ -198,10 +207,7 @@ class Play:
             self.tokens[ev.rid] = list(ev.tokens)
             n = len(ev.tokens)
             hashes = block_hashes(list(ev.tokens), self.bs, (n - 1) // self.bs)
-            out = self._call(self.api.admit, self.pool, list(hashes), math.ceil(n / self.bs))
-            if isinstance(out[0], tuple):
-                out = (list(out[0]), out[1])
-            return out
+            return self._call(self.api.admit, self.pool, list(hashes), math.ceil(n / self.bs))
         if ev.kind == "grow":
             toks = self.tokens[ev.rid]
             toks.extend(ev.tokens)

@@ -1,9 +1,10 @@
 """Cases of exercise 126: the learner's rotary embedding and causal grouped-query attention.
 
-Each function first runs on random float64 tensors and is compared with nano_engine.mini_llm's;
-on a mismatch the output is also compared with the usual mistakes (rotation the wrong way, pairs
-taken side by side, a mask that is not causal or ignores the cached prefix, query heads mapped to
-KV heads with repeat instead of repeat_interleave, no 1/sqrt(hd) scale) to name the one made. Then
+Each function first runs on random float64 tensors (attention also once on float32 ones: the output
+keeps the inputs' dtype) and is compared with nano_engine.mini_llm's; on a mismatch the output is
+also compared with the usual mistakes (rotation the wrong way, pairs taken side by side, a mask that
+is not causal or ignores the cached prefix, query heads mapped to KV heads with repeat instead of
+repeat_interleave, no 1/sqrt(hd) scale) to name the one made. Then
 the tiny model generates with the learner's two functions patched into mini_llm, in this case's
 own process, and must give the tokens of nano_engine.generate.
 """
@@ -28,21 +29,29 @@ def reference():
 
 
 RTOL, ATOL = 1e-7, 1e-9  # float64 inputs: a float64 computation is far closer than this, a float32 one is not
+TOLERANCE = {torch.float64: (RTOL, ATOL), torch.float32: (1e-5, 1e-6)}  # (rtol, atol) by the inputs' dtype
 
 
 def _close(got, want) -> bool:
-    return got.shape == want.shape and torch.allclose(got.to(want.dtype), want, rtol=RTOL, atol=ATOL)
+    rtol, atol = TOLERANCE[want.dtype]
+    return got.shape == want.shape and torch.allclose(got.to(want.dtype), want, rtol=rtol, atol=atol)
+
+
+def _first_difference(got, want) -> tuple[int, int]:
+    rtol, atol = TOLERANCE[want.dtype]
+    return tuple(torch.nonzero(~torch.isclose(got, want, rtol=rtol, atol=atol))[0, :2].tolist())
 
 
 def _difference(got, want) -> tuple[list[str], str | None]:
     """The largest difference and the tolerance, printed in full (4 decimals can hide it), and a hint
     if the result is right only to float32 precision."""
+    rtol, atol = TOLERANCE[want.dtype]
     diff = (got - want).abs().nan_to_num(float("inf"))
     at = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))
     lines = [f"  largest difference {diff[at].item():.3g} at index {list(at)}: expected {want[at].item():.17g}, "
-             f"got {got[at].item():.17g}", f"  tolerance: |got - expected| <= {ATOL:g} + {RTOL:g} x |expected|"]
+             f"got {got[at].item():.17g}", f"  tolerance: |got - expected| <= {atol:g} + {rtol:g} x |expected|"]
     hint = None
-    if torch.allclose(got, want, rtol=1e-4, atol=1e-6):
+    if want.dtype == torch.float64 and torch.allclose(got, want, rtol=1e-4, atol=1e-6):
         hint = (f"your result is right only to float32 precision: keep the input dtype ({want.dtype}) through "
                 "the whole computation: no .float(), no tensors made with dtype=torch.float32, and masks, "
                 "scales and softmax in the inputs' dtype")
@@ -63,7 +72,9 @@ def _checked_output(got, want, call: str, shape_hint: str):
                        "hint: " + shape_hint)
     if got.dtype != want.dtype:
         raise Mismatch(f"{call} returned {got.dtype}", f"  expected {want.dtype}, the dtype of its inputs",
-                       "hint: keep the inputs' dtype: create masks and constants with dtype=x.dtype, or use bool masks")
+                       "hint: keep the inputs' dtype: compute in it, or cast the result back (a .double() or "
+                       ".float() on the inputs leaves the output in that dtype); create masks and constants with "
+                       "dtype=x.dtype, or use bool masks")
     return got
 
 
@@ -101,7 +112,7 @@ def _check_rope(api, T, nh, hd, positions, seed):
                           "as cos[:, None, :]")
     if _close(got, want):
         return
-    t, h = (torch.nonzero(~torch.isclose(got, want, rtol=RTOL, atol=ATOL))[0, :2].tolist())
+    t, h = _first_difference(got, want)
     difference, precision = _difference(got, want)
     lines = [call, f"  token {t} (position {positions[t]}), head {h}:",
              f"  expected {_row(want[t, h])}", f"  got      {_row(got[t, h])}", *difference]
@@ -155,18 +166,19 @@ def _attention_mistakes(q, k, v, c):
     return [(_attend(q, k, v, m, kv, s), hint) for m, kv, s, hint in variants if g * nkv == nh]
 
 
-def _check_attention(api, T, c, nh, nkv, hd, seed):
+def _check_attention(api, T, c, nh, nkv, hd, seed, dtype=torch.float64):
     gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(T, nh, hd, generator=gen, dtype=torch.float64)
-    k, v = (torch.randn(c + T, nkv, hd, generator=gen, dtype=torch.float64) for _ in range(2))
+    q = torch.randn(T, nh, hd, generator=gen, dtype=dtype)
+    k, v = (torch.randn(c + T, nkv, hd, generator=gen, dtype=dtype) for _ in range(2))
     want = ref.attention(q, k, v, c)
-    call = f"attention(q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, num_cached={c})"
+    kind = "" if dtype == torch.float64 else f", all {dtype}"
+    call = f"attention(q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, num_cached={c}{kind})"
     got = _checked_output(api.attention(q.clone(), k.clone(), v.clone(), c), want, call,
                           "one output row per query and one head per query head: (T, nh, hd), "
                           "even though k and v have nkv heads")
     if _close(got, want):
         return
-    t, h = (torch.nonzero(~torch.isclose(got, want, rtol=RTOL, atol=ATOL))[0, :2].tolist())
+    t, h = _first_difference(got, want)
     difference, precision = _difference(got, want)
     lines = [call, f"  query {t} (position {c + t}), head {h}:",
              f"  expected {_row(want[t, h])}", f"  got      {_row(got[t, h])}", *difference]
@@ -208,8 +220,8 @@ def rope(name, T, nh, hd, positions, seed):
     return Case(name, lambda api: _check_rope(api, T, nh, hd, positions, seed))
 
 
-def attention(name, T, c, nh, nkv, hd, seed):
-    return Case(name, lambda api: _check_attention(api, T, c, nh, nkv, hd, seed))
+def attention(name, T, c, nh, nkv, hd, seed, dtype=torch.float64):
+    return Case(name, lambda api: _check_attention(api, T, c, nh, nkv, hd, seed, dtype))
 
 
 CASES = [
@@ -222,6 +234,7 @@ CASES = [
     attention("attention_single_decode_query", 1, 9, 4, 2, 8, 12),
     attention("attention_grouped_query_heads", 4, 3, 8, 2, 8, 13),
     attention("attention_one_kv_head_for_all", 3, 2, 4, 1, 16, 14),
+    attention("attention_keeps_float32_inputs_in_float32", 4, 3, 4, 2, 16, 15, torch.float32),
     Case("end_to_end_generate_llama_style", lambda api: check_generate(api, 0, False, [7, 1, 12])),
     Case("end_to_end_generate_qwen3_style", lambda api: check_generate(api, 1, True, [5, 16])),
 ]

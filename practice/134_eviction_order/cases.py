@@ -6,8 +6,9 @@ reference counts, the free queue's order and the cached prefixes must agree (pra
 Hand-made scripts show one consequence each (a request's tail is evicted first, a shared block
 stays held, the least recently used system prompt goes first, a hit renews a prefix, a preempted
 request hits its own head, a failed admission changes nothing, the room counts free hit blocks,
-the hit is touched before allocating); seeded random scripts mix them on small pools; the engine
-then runs on a tiny model with the learner's release.
+the hit is touched before allocating, a duplicate block and the partial tail released together go to
+the front tail first); seeded random scripts mix them on small pools; the engine then runs on a tiny
+model with the learner's release.
 """
 
 from types import SimpleNamespace
@@ -84,6 +85,10 @@ CASES = [
     scripted("touch_the_hit_before_allocating", 4, 4, [
         ("admit", "r1", SA), ("admit", "r2", own(8, 400)), ("finish", "r1"), ("finish", "r2"),
         ("admit", "r3", SA + [7])]),
+    scripted("a_duplicate_block_and_the_partial_tail_go_to_the_front_tail_first", 8, 4, [
+        ("admit", "r1", SA), ("admit", "r2", SA), ("grow", "r2", own(10, 300)), ("finish", "r2"),
+        ("finish", "r1"), ("admit", "r3", own(9, 400)), ("admit", "r4", SA + own(1, 310)),
+        ("finish", "r3"), ("admit", "r5", SA + own(10, 300))]),
     scripted("block_size_1", 5, 1, [
         ("admit", "r1", [1, 2, 3]), ("admit", "r2", [1, 2, 4]), ("finish", "r1"), ("finish", "r2"),
         ("admit", "r3", [1, 2, 3, 5]), ("admit", "r4", [9])]),
