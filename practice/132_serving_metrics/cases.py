@@ -48,6 +48,12 @@ def hand_with_failure() -> list[R]:
                        success=False, error="HTTP 500")]
 
 
+def all_failed() -> list[R]:
+    return [R(start=0.0, chunk_times=[], end=0.5, prompt_tokens=9, output_tokens=0, success=False, error="HTTP 503"),
+            R(start=0.25, chunk_times=[], end=0.375, prompt_tokens=4, output_tokens=0, success=False,
+              error="Connection reset")]
+
+
 def one_token_only() -> list[R]:
     return [R(start=0.0, chunk_times=[0.25], end=0.25, prompt_tokens=3, output_tokens=1),
             R(start=0.5, chunk_times=[1.0], end=1.0, prompt_tokens=7, output_tokens=1)]
@@ -86,10 +92,13 @@ def recorded(seed: int, n: int = 40, rate: float = 4.0) -> tuple[list[R], float]
 # ----- comparing -----
 
 def _close(want, got) -> bool:
+    """got, as the learner returned it, against want: None only for None, a number for a number."""
     if want is None or got is None:
         return want is None and got is None
     if isinstance(want, list):
         return isinstance(got, (list, tuple)) and len(got) == len(want) and all(map(_close, want, got))
+    if isinstance(got, (str, bytes, bool)):  # float("0.9") would pass for a string: a figure is a number
+        return False
     try:
         return math.isclose(float(got), float(want), rel_tol=1e-9, abs_tol=1e-9)
     except (TypeError, ValueError):
@@ -145,10 +154,12 @@ def check_metrics(name, trace, records, duration, slos=None, percentiles=(50, 90
         if not isinstance(got, dict):
             raise Mismatch(*head, f"  expected  a dict with the keys {', '.join(list(want)[:4])}, ...",
                            f"  got       {type(got).__name__}", "hint: return a dict named as vLLM's result JSON")
-        for key, value in want.items():
+        for key, value in want.items():  # every key first: a key written wrong may overwrite another one
             if key not in got:
                 raise Mismatch(*head, f"  expected  the key {key!r} = {value!r}", "  got       no such key",
-                               "hint: the keys are vLLM's: mean_ttft_ms, p99_itl_ms, p99.9_e2el_ms, ...")
+                               "hint: the keys are vLLM's: mean_ttft_ms, p99_itl_ms (for p = 99 or 99.0), "
+                               "p99.9_e2el_ms, ...")
+        for key, value in want.items():
             if not _close(value, got[key]):
                 raise Mismatch(*head, f"  {key}", f"  expected  {value!r}", f"  got       {got[key]!r}",
                                "hint: " + (goodput_hint if goodput_hint and key == "request_goodput"
@@ -212,7 +223,17 @@ CASES = [
     *[check_metrics(f"goodput_slos_together_{i}", *HAND_F, slos=slo,
                     goodput_hint="a request is good only when every SLO given holds (value <= SLO)")
       for i, slo in enumerate(({"ttft": 500, "tpot": 125}, {"ttft": 1000, "tpot": 200, "e2el": 1500}))],
+    check_metrics("goodput_with_an_empty_mapping_of_slos_is_none", *HAND_F, slos={},
+                  goodput_hint="an empty mapping of SLOs, like None, gives no goodput (None): with no SLO given "
+                               "there is nothing to meet, not every request good"),
     check_metrics("one_token_requests_have_no_tpot", "one-token", one_token_only(), 1.0, slos={"tpot": 0}),
+    check_metrics("every_request_failed_gives_0", "all failed", all_failed(), 1.0, slos={"ttft": 500},
+                  percentiles=(50, 99.9),
+                  goodput_hint="with SLOs given goodput is a number: 0 good requests / duration is 0 when every "
+                               "request failed"),
+    check_metrics("percentiles_given_as_floats_and_fractions", *HAND_F, percentiles=(25.0, 99.0, 99.9, 12.5)),
+    check_metrics("fractional_percentiles_of_a_recorded_trace", "recorded seed 4, 8 requests/s",
+                  *recorded(4, rate=8.0), percentiles=(0.1, 33.3, 99.9)),
     *[check_metrics(f"recorded_trace_seed_{seed}", f"recorded seed {seed}, {rate:g} requests/s",
                     *recorded(seed, rate=rate),
                     slos={"ttft": 300, "tpot": 32, "e2el": 1500}, percentiles=(50, 90, 99))

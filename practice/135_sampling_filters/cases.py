@@ -4,7 +4,8 @@ Hand-made boundaries first, one rule per case (top-k and its ties, top-p and the
 min-p relative to the top probability, their order, temperature and greedy), each with the hint of
 its rule; then seeded random logits and parameters. The set of kept tokens must be exactly the
 reference's, the kept logits unchanged and the probabilities equal to 1e-6; the input must come back
-untouched. Random cases avoid inputs whose cumulative probability or min-p ratio falls within 1e-6
+untouched. The tokens a distribution can draw must be exactly the reference's too, however small their
+probability. Random cases avoid inputs whose cumulative probability or min-p ratio falls within 1e-6
 of the threshold, where float rounding alone could decide.
 """
 
@@ -21,6 +22,9 @@ from practice.worker import Case, Mismatch, require_functions
 REFERENCE_FILE = ref.__file__
 NAMES = ("filter_logits", "distribution")
 ATOL = 1e-6
+# A probability at or above this is drawable, below it only float underflow (the reference's float32 softmax
+# rounds e^-104 to 0, a float64 one does not): tiny probabilities count, so no tolerance hides a token.
+DRAWABLE = 1e-37
 
 
 def learner(module):
@@ -75,9 +79,11 @@ def check_filter(api, logits, top_k, top_p, min_p, hint):
 def check_distribution(api, logits, temperature, top_k, top_p, min_p, hint):
     call, got = _call(api, "distribution", logits, temperature, top_k, top_p, min_p)
     want = ref.distribution(logits.clone(), temperature, top_k, top_p, min_p).double()
-    support = [i for i, p in enumerate(want.tolist()) if p > 0]
-    if torch.isnan(got).any() or not torch.allclose(got, want, rtol=0, atol=ATOL):
-        got_support = [i for i, p in enumerate(got.nan_to_num(-1).tolist()) if p > 0]
+    support = [i for i, p in enumerate(want.tolist()) if p >= DRAWABLE]
+    got_support = [i for i, p in enumerate(got.nan_to_num(-1).tolist()) if p >= DRAWABLE]
+    # The tokens that can be drawn first, exactly: a token of probability 1e-9 kept or dropped is within any
+    # tolerance of the probabilities, but it is another distribution.
+    if got_support != support or torch.isnan(got).any() or not torch.allclose(got, want, rtol=0, atol=ATOL):
         raise Mismatch(call, f"  expected {_fmt(want)}   (tokens that can be drawn: {support})",
                        f"  got      {_fmt(got)}   (tokens that can be drawn: {got_support})", "hint: " + hint)
 
@@ -170,6 +176,15 @@ CASES = [
     filters("top_p_1_keeps_everything_a_tiny_top_p_keeps_the_top",
             [(Q, 0, 1.0, 0.0), (Q, 0, 1e-9, 0.0), ([0.1, 0.6, 0.3], 0, 1e-9, 0.0)],
             "top_p=1 keeps every token; however small top_p is, the most likely token always stays"),
+    filters("top_p_1_keeps_tokens_far_below_the_top",
+            [([0.0, -20.0, -40.0, -60.0], 0, 1.0, 0.0), ([3.0, -50.0, 2.0, -25.0], 0, 1.0, 0.0),
+             ([0.0, -20.0, -40.0, -60.0], 2, 1.0, 0.0)],
+            "top_p = 1 turns top-p off: every token stays, even one whose probability is 1e-17; a sum of "
+            "probabilities can round to 1.0 before the last token, so skip top-p when top_p >= 1"),
+    distributions("top_p_1_draws_tokens_of_tiny_probability",
+                  [(L, 0.1, 0, 1.0, 0.0), ([1.0, -3.0, 0.5, -2.0], 0.2, 0, 1.0, 0.0)],
+                  "top_p = 1 turns top-p off: every token keeps its probability, 2e-9 or 4e-18 too (not 0); "
+                  "a sum of probabilities can round to 1.0 before the last token, so skip top-p when top_p >= 1"),
     filters("top_p_after_top_k_over_the_renormalized_probabilities",
             [(Q, 3, 0.75, 0.0), (Q, 2, 0.55, 0.0)],
             "top-p comes after top-k and is taken over the probabilities of the tokens top-k kept, renormalized "
