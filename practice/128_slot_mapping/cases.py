@@ -4,12 +4,15 @@ Hand-made and random chunks first (a prefill, a chunk on top of a cached prefix,
 in the middle of a prompt that samples nothing), comparing input_ids, positions, slot_mapping,
 query_start and logits_indices one by one; a difference is reported with the chunks, what was
 expected, what came and a hint that names the usual mistake (slots taken from positions instead of
-the block table, an off-by-one start, the first token's logits row instead of the last). Then
-nano_engine's ModelRunner runs three steps on the learner's batches over a tiny model: every
+the block table, an off-by-one start, the first token's logits row instead of the last). The
+tensors are checked as they come, before any value is read: 1-D and torch.long, as the engine
+indexes with them (a list, int32, or the float32 of an empty torch.tensor([]) fails there). Then
+nano_engine's ModelRunner runs three steps on the learner's own batches over a tiny model: every
 sampled row's logits must equal those of its sequence run alone.
 """
 
 import dataclasses
+import operator
 import random
 from types import SimpleNamespace
 
@@ -40,10 +43,45 @@ def reference():
 
 def _ints(x, what: str) -> list[int]:
     try:
-        return [int(v) for v in (x.tolist() if isinstance(x, torch.Tensor) else x)]
+        return [operator.index(v) for v in (x.tolist() if isinstance(x, torch.Tensor) else x)]
     except (TypeError, ValueError):
         raise Mismatch(f"{what} is {type(x).__name__} {x!r:.60}", "  expected a 1-D tensor or list of integers",
                        "hint: return torch.tensor(values, dtype=torch.long)") from None
+
+
+def _kind(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {tuple(x.shape)}, {x.dtype}"
+    return f"a {type(x).__name__}" + (f" of {len(x)} items" if hasattr(x, "__len__") else "")
+
+
+# What the engine does with each tensor: why it must be torch.long.
+_USE = {
+    "input_ids": "the model looks input_ids up in its embedding table",
+    "positions": "the model takes each token's rotary angle from positions",
+    "slot_mapping": "the KV cache is written with index_copy_(0, slot_mapping, k), which takes only a torch.long index",
+    "logits_indices": "the runner picks the sampling rows with hidden[logits_indices]",
+    "query_start": "the attention splits the rows at query_start (a list of ints will do)",
+}
+
+
+def _check_tensor(x, name: str, n: int, context: list[str]):
+    """x must be what the engine indexes with: a 1-D torch.long tensor (n, the expected length, is shown)."""
+    if isinstance(x, torch.Tensor) and x.dim() == 1 and x.dtype == torch.long:
+        return
+    pad = " " * len(name)
+    lines = [*context, f"  {name}  expected a tensor of shape ({n},), torch.int64", f"  {pad}  got      {_kind(x)}"]
+    if not isinstance(x, torch.Tensor):
+        hint = (f"{name} goes to the engine as a tensor, not a {type(x).__name__}: "
+                "torch.tensor(values, dtype=torch.long)")
+    elif x.dim() != 1:
+        hint = f"{name} is one flat row, one entry per {'sampling chunk' if name == 'logits_indices' else 'new token'}"
+    elif x.numel() == 0 and x.dtype == torch.float32:
+        hint = (f"torch.tensor([]) of an empty list is float32, and {_USE[name]}, which needs an integer index: "
+                "give dtype=torch.long")
+    else:
+        hint = f"tensors are torch.long: {_USE[name]}; build it with dtype=torch.long"
+    raise Mismatch(*lines, "hint: " + hint)
 
 
 def _positions(block_ids, positions, block_size):
@@ -75,7 +113,9 @@ def _slot_hint(got, block_ids, start, end, block_size) -> str:
 def _check_slots(api, block_ids, start, end, bs):
     call = f"slot_mapping(block_ids={block_ids}, start={start}, end={end}, block_size={bs})"
     want = _ints(_slots(block_ids, start, end, bs), "the reference")
-    got = _ints(api.slot_mapping(list(block_ids), start, end, bs), call)
+    out = api.slot_mapping(list(block_ids), start, end, bs)
+    _check_tensor(out, "slot_mapping", end - start, [call])
+    got = _ints(out, call)
     if got != want:
         raise Mismatch(call, f"  expected {want}", f"  got      {got}",
                        "hint: " + _slot_hint(got, block_ids, start, end, bs))
@@ -108,6 +148,8 @@ def _field_hint(name, got, chunks, bs) -> str:
                 return f"chunk {s}: " + _slot_hint(part, list(c.block_ids), c.num_cached, end, bs)
         return "one slot per new token, chunk after chunk"
     if name == "query_start":
+        if got == starts[1:]:
+            return "query_start starts with 0: [0, n0, n0 + n1, ...], B + 1 entries"
         if got == lens:
             return "query_start is cumulative: [0, n0, n0 + n1, ...], B + 1 entries"
         return "query_start starts at 0 and adds each chunk's number of new tokens: B + 1 entries"
@@ -121,8 +163,9 @@ def _field_hint(name, got, chunks, bs) -> str:
     return "one row per chunk with sample=True, its last new token, query_start[s + 1] - 1, in chunk order"
 
 
-def _compare(api, chunks, bs):
-    """(learner's fields as lists, the first wrong field's report lines or None)."""
+def _compare(api, chunks, bs, context=None):
+    """(the learner's BatchInputs, its fields as lists, the first wrong field's report lines or None).
+    A field of the wrong type (not a 1-D torch.long tensor) is a Mismatch at once, under context."""
     want = ref.build_batch(chunks, bs)
     out = api.build_batch(list(chunks), bs)
     got = {}
@@ -131,17 +174,24 @@ def _compare(api, chunks, bs):
             raise Mismatch(f"build_batch returned {type(out).__name__}, without the field {name!r}",
                            f"  expected a BatchInputs with the fields {', '.join(FIELDS)}",
                            "hint: return BatchInputs(input_ids, positions, slot_mapping, query_start, logits_indices)")
-        got[name] = _ints(getattr(out, name), f"build_batch(...).{name}")
+    for name in FIELDS:
+        value = getattr(out, name)
+        if name == "query_start":  # a list of ints (as nano_engine's), or a 1-D torch.long tensor
+            if isinstance(value, torch.Tensor):
+                _check_tensor(value, name, len(chunks) + 1, context or _describe(chunks, bs))
+        else:
+            _check_tensor(value, name, len(getattr(want, name)), context or _describe(chunks, bs))
+        got[name] = _ints(value, f"build_batch(...).{name}")
     for name in FIELDS:
         w = _ints(getattr(want, name), name)
         if got[name] != w:
-            return got, [f"  {name}  expected {w}", f"  {' ' * len(name)}  got      {got[name]}",
-                         "hint: " + _field_hint(name, got[name], chunks, bs)]
-    return got, None
+            return out, got, [f"  {name}  expected {w}", f"  {' ' * len(name)}  got      {got[name]}",
+                              "hint: " + _field_hint(name, got[name], chunks, bs)]
+    return out, got, None
 
 
 def _check_batch(api, chunks, bs):
-    _, wrong = _compare(api, chunks, bs)
+    _, _, wrong = _compare(api, chunks, bs)
     if wrong:
         raise Mismatch(*_describe(chunks, bs), *wrong)
 
@@ -182,15 +232,15 @@ def _check_forward(api, seed=0, bs=4, num_blocks=16):
     ]
     for i, step in enumerate(steps):
         chunks = [SeqChunk(tokens[s][c:c + n], c, table[s], smp) for s, c, n, smp in step]
-        got, wrong = _compare(api, chunks, bs)
         context = [f"step {i + 1} of 3 of nano_engine's ModelRunner on your batches, tiny model, "
                    f"{num_blocks} blocks of {bs}", *_describe(chunks, bs)]
+        out, got, wrong = _compare(api, chunks, bs, context)
         rows = [(s, c + n) for s, c, n, smp in step if smp]
         broken = _malformed(got, len(chunks), len(rows), num_blocks * bs)
         if broken:  # it would not even run: say what is wrong with it instead
             raise Mismatch(*context, f"your batch cannot run: {broken}", *(wrong or []))
-        batch = dataclasses.replace(ref.build_batch(chunks, bs), **{
-            k: (v if k == "query_start" else torch.tensor(v, dtype=torch.long)) for k, v in got.items()})
+        # The learner's own tensors and query_start, as they came: nano_engine converts nothing.
+        batch = dataclasses.replace(ref.build_batch(chunks, bs), **{k: getattr(out, k) for k in FIELDS})
         logits = runner.forward(batch)
         for (s, end), row in zip(rows, logits):
             alone = model.compute_logits(model(torch.tensor(tokens[s][:end]), torch.arange(end)))[-1]
@@ -233,6 +283,9 @@ CASES = [
     Case("batch_mid_prompt_chunk_samples_nothing",
          lambda api: _check_batch(api, [SeqChunk([1, 2, 3], 0, [5, 6], False), SeqChunk([4], 7, [0, 2], True),
                                         SeqChunk([5, 6], 3, [1, 3], False), SeqChunk([7, 8, 9], 2, [4, 7], True)], 4)),
+    Case("batch_where_no_chunk_samples",
+         lambda api: _check_batch(api, [SeqChunk([1, 2, 3, 4, 5], 0, [3, 1], False),
+                                        SeqChunk([6, 7], 4, [0, 2], False)], 4)),
     Case("batch_random", lambda api: _check_random(api, range(128, 148))),
     Case("end_to_end_ragged_forward_equals_each_sequence_alone", _check_forward),
 ]

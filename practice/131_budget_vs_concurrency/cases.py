@@ -3,6 +3,9 @@
 Every expected answer is measured at grading time from what the engine's scheduler did at each
 step (a tiny model, so each run takes milliseconds), never taken from a formula of the judge's. `reference()` holds
 the model answers that `--reference` grades (the package has no such functions: see README.md).
+The counts must come back as ints (12.0 is not a number of steps), a warning as a str, and a
+fine configuration as None; the grids hold the boundaries: a budget equal to max_num_seqs, one
+token per request (max_tokens=1), no request decoding (num_decoding=0), a prompt that fits whole.
 """
 
 import math
@@ -69,14 +72,62 @@ def measured_prefill(decoding, prompt_len, seqs, budget):
     return sum(c.n for c in engine.scheduler.last.chunks if c.request.request_id == rid)
 
 
+PARAMS = {
+    "max_decodes_per_step": ("max_num_seqs", "max_num_batched_tokens"),
+    "steps_to_finish": ("num_requests", "max_tokens", "max_num_seqs", "max_num_batched_tokens"),
+    "prefill_tokens": ("num_decoding", "prompt_len", "max_num_seqs", "max_num_batched_tokens"),
+}
+
+
 def _check(fn_name, grid, measure, hint):
+    """hint(args, want, got): one sentence for a wrong count."""
     def run(api):
         for args in grid:
             want, got = measure(*args), getattr(api, fn_name)(*args)
-            if got != want:
-                call = f"{fn_name}{args}"
-                raise Mismatch(f"{call}: the engine measured {want}, your function says {got!r}", "hint: " + hint)
+            right_type = isinstance(got, int) and not isinstance(got, bool)
+            if got != want or not right_type:
+                call = f"{fn_name}({', '.join(f'{k}={v}' for k, v in zip(PARAMS[fn_name], args))})"
+                raise Mismatch(call, f"  expected {want!r}  (what the engine measured)", f"  got      {got!r}",
+                               "hint: " + (hint(*args, want, got) if got != want else
+                                           f"{fn_name} is a count: return an int, not a {type(got).__name__}"))
     return run
+
+
+def _decodes_hint(seqs, budget, want, got):
+    if got == seqs:
+        return (f"a decode costs one token of the budget: {budget} tokens decode at most {budget} requests, "
+                f"whatever max_num_seqs allows")
+    if got == budget:
+        return f"at most max_num_seqs={seqs} requests run at once, however large the budget"
+    return "a decode costs one token of the budget, and at most max_num_seqs requests run: both cap a step"
+
+
+def _steps_hint(n, max_tokens, seqs, budget, want, got):
+    waves = -(-n // min(seqs, budget))
+    if got == -(-n // seqs) * max_tokens:
+        return (f"a budget of {budget} tokens decodes only {budget} requests per step: requests run in waves of "
+                "min(max_num_seqs, max_num_batched_tokens)")
+    if got == waves * (max_tokens + 1):
+        return ("the 1-token prefill already samples the first token: a wave takes max_tokens steps, "
+                "not max_tokens + 1")
+    return ("requests run in waves of min(max_num_seqs, budget); a wave takes max_tokens steps (the 1-token "
+            "prefill already gives the first token), and the next wave starts when it finishes")
+
+
+def _prefill_hint(decoding, prompt_len, seqs, budget, want, got):
+    if decoding >= seqs and got:
+        return (f"max_num_seqs={seqs} requests already run: the newcomer is not admitted this step, "
+                "so it computes nothing")
+    if got == min(prompt_len, budget):
+        return ("running requests are served first, one token per decode: the newcomer gets what is left, "
+                "max_num_batched_tokens - num_decoding")
+    if got == 0 and want:
+        return ("a prompt that does not fit is chunked, not postponed: it computes what is left of the budget, "
+                "min(prompt_len, max_num_batched_tokens - num_decoding)")
+    if got > prompt_len:
+        return f"a {prompt_len}-token prompt computes at most its {prompt_len} tokens, however much budget is left"
+    return ("running requests are served first, one token per decode; a newcomer gets what is left of the "
+            "budget (chunked), and nothing while max_num_seqs requests run")
 
 
 def _check_config(api):
@@ -85,30 +136,26 @@ def _check_config(api):
         got = api.check_config(seqs, budget)
         call = f"check_config(max_num_seqs={seqs}, max_num_batched_tokens={budget})"
         if wasteful and not isinstance(got, str):
-            raise Mismatch(f"{call} returned {got!r}, but the engine decoded at most "
-                           f"{measured_decodes(seqs, budget)} of {seqs} requests per step",
+            raise Mismatch(call, f"  expected a warning, a str naming {seqs} and {budget}: the engine decoded at most "
+                           f"{measured_decodes(seqs, budget)} of {seqs} requests per step", f"  got      {got!r}",
                            "hint: when max_num_batched_tokens < max_num_seqs, not every running request can "
-                           "decode in one step: return a warning")
+                           "decode in one step: return the warning as a str (warnings.warn returns None)")
         if wasteful and not (str(seqs) in got and str(budget) in got):
-            raise Mismatch(f"{call} returned {got!r}", "hint: name both numbers, so the user knows what to change")
+            raise Mismatch(call, f"  expected a warning naming both {seqs} and {budget}", f"  got      {got!r}",
+                           "hint: name both numbers, so the user knows what to change")
         if not wasteful and got is not None:
-            raise Mismatch(f"{call} returned {got!r}, but the engine decoded all {seqs} requests in one step",
-                           "hint: this configuration is fine: return None")
+            raise Mismatch(call, f"  expected None: the engine decoded all {seqs} requests in one step",
+                           f"  got      {got!r}", "hint: this configuration is fine: return None")
 
 
 CASES = [
     Case("max_decodes_per_step", _check(
-        "max_decodes_per_step", [(8, 4), (4, 8), (6, 6), (16, 3), (256, 128)], measured_decodes,
-        "a decode costs one token of the budget, and at most max_num_seqs requests run: both cap a step")),
+        "max_decodes_per_step", [(8, 4), (4, 8), (6, 6), (16, 3), (256, 128)], measured_decodes, _decodes_hint)),
     Case("steps_to_finish", _check(
         "steps_to_finish", [(8, 3, 8, 8), (8, 3, 8, 4), (5, 4, 2, 16), (7, 2, 8, 3), (256, 4, 256, 256),
-                            (256, 4, 256, 128)], measured_steps,
-        "requests run in waves of min(max_num_seqs, budget); a wave takes max_tokens steps (the 1-token "
-        "prefill already gives the first token), and the next wave starts when it finishes")),
+                            (256, 4, 256, 128), (6, 1, 4, 4)], measured_steps, _steps_hint)),
     Case("prefill_tokens", _check(
         "prefill_tokens", [(4, 10, 8, 8), (4, 10, 8, 4), (2, 20, 4, 16), (4, 10, 4, 16), (5, 3, 8, 6),
-                           (3, 2, 8, 16)], measured_prefill,
-        "running requests are served first, one token per decode; a newcomer gets what is left of the "
-        "budget (chunked), and nothing while max_num_seqs requests run")),
+                           (3, 2, 8, 16), (0, 10, 8, 6), (0, 5, 8, 16)], measured_prefill, _prefill_hint)),
     Case("check_config", _check_config),
 ]
