@@ -32,6 +32,36 @@ def scripted(name, num_blocks, ops):
     return Case(name, lambda cls: play(cls, num_blocks, ops))
 
 
+def _allocate_returns_a_list(cls):
+    """allocate's own return value, unconverted: a list (-> list[int]), and a failed one raises at the call."""
+    pool = cls(4)
+    for n in (3, 1):
+        got = pool.allocate(n)
+        if type(got) is not list:
+            raise Mismatch(f"a pool of 4 blocks: allocate({n}) returned a {type(got).__name__}",
+                           f"  expected a list of {n} block ids", f"  got      {got!r}",
+                           "hint: allocate returns the list of the blocks it took (-> list[int]), taken when it is "
+                           "called: the scheduler extends the request's block table with it")
+
+
+def _reuse_forgets_the_name(cls):
+    """After allocate reuses blocks that held a prefix, their block_hash must be None (not only cached)."""
+    pool = cls(2)
+    a = pool.allocate(2)
+    pool.cache_blocks(a, ref.block_hashes([1, 2, 3, 4], HASH_BLOCK))
+    pool.free(reversed(a))
+    b = pool.allocate(2)
+    got = ["None" if pool.block_hash[x] is None else "a prefix name" for x in b]
+    if got != ["None", "None"]:
+        raise Mismatch("a pool of 2 blocks, after:", "  a = allocate(2)", "  cache(a, [1, 2, 3, 4])",
+                       "  free(reversed(a))", "step 4: b = allocate(2)",
+                       f"  block_hash of blocks {b}  expected ['None', 'None']",
+                       f"  {' ' * len(f'block_hash of blocks {b}')}  got      {got}",
+                       "hint: a reused block must lose its name in block_hash too (self.block_hash[b] = None), not "
+                       "only in self.cached: with a stale name cache_blocks never names it again, free puts it at "
+                       "the END, and its next reuse deletes a name that is no longer cached (KeyError)")
+
+
 def _random_script(seed: int, num_blocks: int, length: int) -> list[str]:
     """Allocations (some too large), frees in reverse, shared references, prefix caching, at random."""
     rng = random.Random(seed)
@@ -77,6 +107,7 @@ SHARED = [(14, 10, 0), (16, 12, 2), (13, 10, 2), (20, 9, 3), (15, 10, 4), (18, 8
 
 CASES = [
     scripted("allocate_from_a_fresh_pool", 8, ["a = allocate(3)", "b = allocate(2)", "allocate(3)"]),
+    Case("allocate_returns_a_list", _allocate_returns_a_list),
     scripted("allocate_more_than_free_raises_and_takes_nothing", 4,
              ["a = allocate(3)", "allocate(2)", "b = allocate(1)", "allocate(1)"]),
     scripted("freed_blocks_without_a_prefix_go_to_the_front", 6,
@@ -99,6 +130,7 @@ CASES = [
     scripted("a_reused_block_forgets_its_prefix", 4,
              ["a = allocate(2)", "cache(a, [1, 2, 3, 4])", "free(reversed(a))", "lookup(hashes([1, 2, 3, 4]))",
               "b = allocate(3)", "lookup(hashes([1, 2, 3, 4]))", "c = allocate(1)", "lookup(hashes([1, 2]))"]),
+    Case("a_reused_block_loses_its_block_hash", _reuse_forgets_the_name),
     scripted("random_operations", 10, _random_script(127, 10, 60)),
     scripted("random_operations_small_pool", 4, _random_script(7, 4, 60)),
     Case("end_to_end_tight_pool_preempts",

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import nano_engine.paged as ref
 from practice.hashcheck import (Req, check_chain, check_engine, check_play, check_prefix, make_cache,
                                 random_workload, reference_lookup)
-from practice.worker import Case, require_functions
+from practice.worker import Case, Mismatch, require_functions
 
 REFERENCE_FILE = ref.__file__
 NAMES = ("hash_chain", "longest_cached_prefix")
@@ -80,6 +80,21 @@ def _random_lookups(seed, count):
     return Case(f"random_lookups_seed_{seed}", run)
 
 
+def _returns_lists(api):
+    """The functions' own return values, unconverted: lists (-> list[bytes], -> list[int]), as the statement's
+    signatures say; the other cases compare values only."""
+    tokens = _t(9)
+    cached = {h: 10 + i for i, h in enumerate(ref.block_hashes(tokens, 4))}
+    for call, got in ((f"hash_chain({_t(9)}, 4)", api.hash_chain(list(tokens), 4, None)),
+                      (f"longest_cached_prefix({_t(9)}, 4, <its 2 full blocks cached in blocks 10, 11>)",
+                       api.longest_cached_prefix(list(tokens), 4, dict(cached), None))):
+        if type(got) is not list:
+            raise Mismatch(f"{call} returned a {type(got).__name__}", "  expected a list",
+                           f"  got      {got!r}",
+                           "hint: both functions return a list (hash_chain -> list[bytes], longest_cached_prefix -> "
+                           "list[int]): the request keeps its hashes and its block table as lists")
+
+
 A = _t(12)  # three blocks of 4
 SALTED = [(A, "alice")]
 CASES = [
@@ -109,6 +124,7 @@ CASES = [
     lookups("two_prompts_sharing_a_prefix", [(A + [1, 2, 3, 4], None), (A[:8] + [7, 7, 7, 7, 7], None)],
             [(A[:8] + [7, 7, 7, 7, 7], None), (A[:8] + [7, 7, 7, 7], None), (A + [1, 2, 3], None)], 4),
     *[_random_lookups(seed, 40) for seed in (1, 2)],
+    Case("both_functions_return_lists", _returns_lists),
     Case("scheduler_shared_system_prompt_and_salts",
          lambda api: check_play(api, [
              Req("r0", A + [40, 41, 42], 3, outputs=[5, 6, 7], note="S (12) + 3"),

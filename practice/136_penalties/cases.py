@@ -3,7 +3,8 @@
 Hand-made batches first, one rule per case (repetition by the sign of the logit, over prompt and
 output, once per token; frequency by the count in the output; presence once; their order; each row
 with its own parameters and history), each with the hint of its rule; then seeded random batches.
-The result must agree with the reference to 1e-6 and the input must come back untouched. A failure
+The result must be a new tensor of the logits' shape and dtype, agree with the reference to 1e-6
+(1e-12 for float64 logits), and the logits and the token lists given must come back untouched. A failure
 names the first token that differs: its logit, whether it is in the prompt, how often in the output.
 """
 
@@ -18,6 +19,7 @@ from practice.worker import Case, Mismatch, require_functions
 
 REFERENCE_FILE = ref.__file__
 TOL = 1e-6
+TOL64 = 1e-12  # float64 logits (a float64 model) must stay exact to float64
 
 
 def learner(module):
@@ -36,27 +38,44 @@ def check(api, logits, prompt_ids, output_ids, rep, freq, pres, hint):
     """One call of apply_penalties on a copy of logits (B, V), compared with the reference."""
     given = logits.clone()
     args = ([list(p) for p in prompt_ids], [list(o) for o in output_ids], list(rep), list(freq), list(pres))
+    kept = ([list(p) for p in args[0]], [list(o) for o in args[1]])
     got = api.apply_penalties(given, *args)
-    call = [f"apply_penalties(logits {tuple(logits.shape)}, prompt_ids={args[0]}, output_ids={args[1]},",
+    call = [f"apply_penalties(logits {tuple(logits.shape)} {logits.dtype}, prompt_ids={kept[0]}, "
+            f"output_ids={kept[1]},",
             f"                repetition_penalty={args[2]}, frequency_penalty={args[3]}, presence_penalty={args[4]})"]
     if not torch.equal(given, logits):
         raise Mismatch(*call, "  expected the input logits to stay unchanged", "  got them changed",
                        "hint: do not change the logits you are given: return a new tensor (clone first)")
+    if (args[0], args[1]) != kept:
+        raise Mismatch(*call, f"  expected prompt_ids={kept[0]}, output_ids={kept[1]} to stay unchanged",
+                       f"  got prompt_ids={args[0]}, output_ids={args[1]} after the call",
+                       "hint: do not change prompt_ids or output_ids: they are the request's own token lists "
+                       "(seen = prompt + output makes a new list; seen += output extends the prompt)")
     if not isinstance(got, torch.Tensor) or got.shape != logits.shape:
         what = f"shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__
         raise Mismatch(*call, f"  expected a tensor of shape {tuple(logits.shape)}", f"  got {what}",
                        "hint: return the penalized logits, one row per request, shaped like the input")
+    if got.dtype != logits.dtype:
+        raise Mismatch(*call, f"  expected a tensor of dtype {logits.dtype}", f"  got dtype {got.dtype}",
+                       "hint: keep the logits' dtype: build the result from the logits (clone) and compute in "
+                       "their dtype, not in a new torch.zeros / torch.tensor (float32) or float64 counts")
+    if got.untyped_storage().data_ptr() == given.untyped_storage().data_ptr():
+        raise Mismatch(*call, "  expected a new tensor", "  got the logits given (the same storage)",
+                       "hint: return a new tensor also when no penalty is on: the caller may change the result, "
+                       "and the logits given must stay as they are (return logits.clone())")
+    tol = TOL if logits.dtype != torch.float64 else TOL64
     want = ref.apply_penalties(logits.clone(), *args).double()
     got = got.detach().double()
-    bad = ~(torch.isclose(got, want, rtol=TOL, atol=TOL) | ((got == want) & torch.isinf(want)))
+    bad = ~(torch.isclose(got, want, rtol=tol, atol=tol) | ((got == want) & torch.isinf(want)))
     if bad.any():
         row, token = (int(i) for i in bad.nonzero()[0])
         where = (f"token {token}: logit {logits[row, token].item():.4g}, in the prompt: "
                  f"{'yes' if token in args[0][row] else 'no'}, times in the output: {args[1][row].count(token)}")
+        off = abs(got[row, token] - want[row, token]).item()
         raise Mismatch(*call, f"  row {row}, the logits {_fmt(logits[row].tolist())}",
                        f"  expected {_fmt(want[row].tolist())}", f"  got      {_fmt(got[row].tolist())}",
-                       f"  first difference at {where} (row {row}: repetition {args[2][row]}, frequency "
-                       f"{args[3][row]}, presence {args[4][row]})", "hint: " + hint)
+                       f"  first difference at {where}, off by {off:.3g} (tolerance {tol:g}; row {row}: repetition "
+                       f"{args[2][row]}, frequency {args[3][row]}, presence {args[4][row]})", "hint: " + hint)
 
 
 def one_row(name, logits, calls, hint):
@@ -68,8 +87,9 @@ def one_row(name, logits, calls, hint):
     return Case(name, run)
 
 
-def batch(name, logits, prompts, outputs, rep, freq, pres, hint):
-    return Case(name, lambda api: check(api, torch.tensor(logits), prompts, outputs, rep, freq, pres, hint))
+def batch(name, logits, prompts, outputs, rep, freq, pres, hint, dtype=torch.float32):
+    return Case(name, lambda api: check(api, torch.tensor(logits, dtype=dtype), prompts, outputs, rep, freq, pres,
+                                        hint))
 
 
 def random_batches(seed: int, count: int) -> Case:
@@ -138,5 +158,13 @@ CASES = [
     batch("a_masked_token_stays_minus_infinity", [[float("-inf"), 1.0, -1.0], [2.0, float("-inf"), 0.5]],
           [[0], [1]], [[0, 0], [1, 2]], [2.0, 0.5], [1.0, -1.0], [0.5, -0.5],
           "a logit of -inf (a token masked by logit bias or min_tokens) stays -inf: -inf x r and -inf - x are -inf"),
+    batch("penalties_off_in_every_row_still_return_a_new_tensor", [ROW, ROW], [[0, 1], []], [[2, 2, 5], []],
+          [1.0, 1.0], [0.0, 0.0], [0.0, 0.0],
+          "with every penalty off the values stay as they are, in a new tensor"),
+    batch("float64_logits_stay_float64_and_exact", [[0.1, -0.3, 2.7, -1.9, 0.0, 1.3], [0.7, -0.1, 0.2, 3.1, -2.2, 0.9]],
+          [[0, 1], [3]], [[2, 2, 2, 3, 0], [0, 0, 1, 4, 4, 4, 4]], [1.2, 1.3], [0.3, 0.7], [0.1, -0.6],
+          "keep the logits' dtype and compute in it: the engine passes float64 logits for a float64 model and "
+          "expects them exact, so float32 counts (bincount(...).float()) or float32 penalties lose digits",
+          dtype=torch.float64),
     *[random_batches(seed, 40) for seed in (136, 137)],
 ]

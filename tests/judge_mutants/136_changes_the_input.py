@@ -4,7 +4,7 @@ from collections import Counter
 
 import torch  # noqa: F401
 
-EXPECTED_HINT = "do not change the logits you are given"
+EXPECTED_HINT = "return a new tensor"
 
 
 def apply_penalties(logits, prompt_ids, output_ids, repetition_penalty, frequency_penalty, presence_penalty):
