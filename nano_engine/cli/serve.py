@@ -79,15 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
 def engine_config(args) -> "EngineConfig":
     """The EngineConfig of serve's flags (ValueError names a bad value)."""
     from ..engine import EngineConfig
-    from ..paged import CacheConfig
-    from ..scheduler import SchedulerConfig
 
-    scheduler = SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-                                enable_chunked_prefill=args.enable_chunked_prefill, policy=args.scheduling_policy,
-                                scheduler_reserve_full_isl=args.scheduler_reserve_full_isl)
-    cache = CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
-                        enable_prefix_caching=args.enable_prefix_caching)
-    return EngineConfig(scheduler, cache, attention_backend=args.attention_backend)
+    return EngineConfig.from_settings(
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        enable_chunked_prefill=args.enable_chunked_prefill, policy=args.scheduling_policy,
+        scheduler_reserve_full_isl=args.scheduler_reserve_full_isl, block_size=args.block_size,
+        num_blocks=args.num_blocks, enable_prefix_caching=args.enable_prefix_caching,
+        attention_backend=args.attention_backend)
 
 
 def served_name(args) -> str:
