@@ -44,7 +44,7 @@ DUMP_GRACE = 2.0  # seconds a timed-out child gets to write where it was (code s
 STARTUP_TIMEOUT = 120.0  # a fresh process imports torch (once per judge run with forkserver)
 
 
-DEPENDENCIES = ("torch", "numpy", "nano_engine")  # what every case's process imports
+DEPENDENCIES = ("torch", "numpy", "hypothesis", "nano_engine")  # what every case's process imports
 
 
 class JudgeError(ValueError):

@@ -86,7 +86,7 @@ def problem(s, out) -> str | None:
     """The first decision in this step's output that no scheduler may take, in one sentence."""
     if not (hasattr(out, "chunks") and hasattr(out, "preempted")):
         return f"schedule() returned {type(out).__name__}, not a SchedulerOutput"
-    seen = set()
+    seen, left = set(), s.config.max_num_batched_tokens
     for c in out.chunks:
         req, rid = c.request, repr(c.request.request_id)
         if id(req) in seen:
@@ -106,6 +106,12 @@ def problem(s, out) -> str | None:
         if c.start + c.n > req.num_tokens:
             return (f"{rid} was scheduled {c.n} tokens but is only {req.num_behind} behind: "
                     "n = min(tokens behind, budget left)")
+        # (A victim already scheduled gives its tokens back, after the chunk that needed its blocks was sized.)
+        if c.n < min(req.num_behind, left) and not out.preempted:
+            return (f"{rid} was scheduled {c.n} tokens while it is {req.num_behind} behind and {left} of the "
+                    "budget were left: n = min(tokens behind, budget left), where tokens behind = num_tokens - "
+                    "num_computed (a preempted request is behind by its prompt and the outputs it had)")
+        left -= c.n
         if len(req.block_ids) * s.block_size < c.start + c.n:
             return (f"{rid} is scheduled up to token {c.start + c.n} but its block table holds only "
                     f"{len(req.block_ids) * s.block_size} slots: allocate_slots must make room for "
@@ -123,6 +129,10 @@ def problem(s, out) -> str | None:
         if r.status is not RequestStatus.WAITING:
             return (f"{r.request_id!r} was preempted but its status is {getattr(r.status, 'name', r.status)}: "
                     "preempt must set req.status = RequestStatus.WAITING")
+    for r in s.waiting:
+        if r.block_ids:
+            return (f"{r.request_id!r} is waiting but holds {len(r.block_ids)} block(s): allocate_slots takes all "
+                    "the blocks it needs or none (when too few are free, return False without taking any)")
     return None
 
 

@@ -73,9 +73,13 @@ MUTANT_PHRASES = {
 
 def _declared_phrases() -> dict[str, str]:
     """Mutants may instead declare their phrase in the file: a line `EXPECTED_HINT = "..."`."""
+    return _declared("EXPECTED_HINT")
+
+
+def _declared(name: str) -> dict[str, str]:
     out = {}
     for path in MUTANTS.glob("1[0-9][0-9]_*.py"):
-        m = re.search(r'^EXPECTED_HINT = "(.+)"$', path.read_text(), re.M)
+        m = re.search(rf'^{name} = "(.+)"$', path.read_text(), re.M)
         if m:
             out[path.name] = m[1]
     return out
@@ -89,6 +93,7 @@ MUTANT_CASES = {
     "130_key_without_seq.py": "victim_among_equal_priority_and_arrival_time_is_the_last_added",
     "130_key_without_arrival_time.py": "ties_go_to_the_earlier_arrival_time_not_the_first_added",
 }
+MUTANT_CASES.update(_declared("EXPECTED_CASE"))  # or in the file: a line `EXPECTED_CASE = "..."`
 GRADED_APART = {"129_loops_when_blocks_run_out.py", "129_raises.py"}
 
 
