@@ -7,8 +7,9 @@ and the cached prefixes must agree. At the first difference the report shows the
 it, both pools' calls, what differs and a hint. The hint comes from replaying the usual mistakes
 (allocating before touching the hit, freeing head first, undoing a failed admit...) on a copy of
 the pool as it was before the event and seeing which one gives what the learner got.
-`random_script` draws scripts from a seed; `check_engine` runs LLMEngine on a tiny model with
-the learner's release in the scheduler.
+`random_script` draws scripts from a seed; `request_scripts` draws them with hypothesis for a property
+case (practice/properties.py), `play_random` plays one; `check_engine` runs LLMEngine on a tiny model
+with the learner's release in the scheduler.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from nano_engine import LLMEngine, SamplingParams, Scheduler, generate
 from nano_engine.paged import BlockPool, block_hashes
 from nano_engine.tiny import tiny_model
 
+from .properties import st
 from .worker import Mismatch
 
 SHOWN = 8  # earlier events listed in a report
@@ -306,8 +308,10 @@ def _compare(ev, want, out, err, ref_pool, pool, labels):
                  f"  got       {type(err).__name__}: {err}"], "error")
     if ev.kind == "admit":
         ok = out is None or (isinstance(out, list) and all(isinstance(b, int) and not isinstance(b, bool) for b in out))
-        if not ok:
-            return [f"  returned  expected {want}", f"            got      {out!r}"], "type"
+        if not ok:  # the learner's own return value, never converted
+            kind = type(out).__name__
+            return [f"  returned  expected {'None' if want is None else f'a list {want}'}",
+                    f"            got      {'an' if kind[:1] in 'aeiou' else 'a'} {kind} {out!r:.80}"], "type"
         if out != want:
             return [f"  returned  expected {want}", f"            got      {out}"], "result"
     names = {h: labels.get(h, h.hex()[:8]) for h in [*ref_pool.cached, *pool.cached]}
@@ -331,18 +335,23 @@ def _hint(ev, what, before, want, out, err, pool, bs, table) -> str:
     mistakes = ADMIT_MISTAKES if ev.kind == "admit" else RELEASE_MISTAKES
     if ev.kind == "admit" and out is None and err is None and _same(before, pool):
         mistakes = []  # a refusal that changed nothing: many mistakes look alike, the numbers tell more
-    for fn, hint in mistakes:
-        trial = copy.deepcopy(before)
-        try:
-            if ev.kind == "admit":
-                n = len(ev.tokens)
-                res, e = fn(trial, block_hashes(list(ev.tokens), bs, (n - 1) // bs), math.ceil(n / bs)), None
-            else:
-                res, e = fn(trial, table), None
-        except (ValueError, RuntimeError) as x:
-            res, e = None, x
-        if (type(e) is type(err)) and (ev.kind != "admit" or res == out) and _same(trial, pool):
-            return hint
+    # A mistake that gives the same result and pool names the learner's; one that also made the same
+    # calls to the pool names it better (a small input can make two mistakes look alike).
+    for same_calls in (True, False):
+        for fn, hint in mistakes:
+            trial = copy.deepcopy(before)
+            trial.calls = []
+            try:
+                if ev.kind == "admit":
+                    n = len(ev.tokens)
+                    res, e = fn(trial, block_hashes(list(ev.tokens), bs, (n - 1) // bs), math.ceil(n / bs)), None
+                else:
+                    res, e = fn(trial, table), None
+            except (ValueError, RuntimeError) as x:
+                res, e = None, x
+            if (type(e) is type(err)) and (ev.kind != "admit" or res == out) and _same(trial, pool) and (
+                    trial.calls == pool.calls or not same_calls):
+                return hint
     if ev.kind == "admit":
         n = len(ev.tokens)
         hit = before.lookup(block_hashes(list(ev.tokens), bs, (n - 1) // bs))
@@ -433,6 +442,85 @@ def random_script(seed: int, num_blocks: int, block_size: int, length: int) -> l
 class _Ref:
     admit = staticmethod(admit)
     release = staticmethod(release)
+
+
+def _request_ops() -> list[tuple]:
+    """Every operation of a drawn script, the simplest first (shrinking moves towards the front), each
+    kind repeated to about equal weight. k picks a request modulo how many there are of its kind."""
+    ks = range(4)
+    return [("skip",),  # what an operation that does not matter shrinks to: it drops out of the script shown
+            *[("arrive", f, cut, own) for f in (0, 1) for cut in (3, 2, 1, 0) for own in range(4)] * 2,
+            *[("again", k) for k in ks] * 8,  # a new request with the tokens of an earlier one
+            *[("admit", k) for k in ks] * 6,  # a waiting request, again
+            *[("grow", k, n, x) for k in ks for n in (1, 2, 3) for x in (0, 1)] * 2,  # a running one decodes
+            *[("finish", k, together) for k in ks for together in (1, 2, 3)] * 3,  # 1 to 3 in a row
+            *[("preempt", k) for k in ks] * 3]
+
+
+def request_scripts():
+    """(num_blocks, block_size, operations): one draw an operation keeps drawing and shrinking fast."""
+    return st.tuples(st.integers(3, 10), st.integers(1, 4),
+                     st.lists(st.sampled_from(_request_ops()), min_size=10, max_size=36))
+
+
+def events_of(num_blocks: int, block_size: int, ops) -> list[Event]:
+    """The events of these operations, played with the scheduler's rules to skip the ones that cannot
+    happen at that point (nobody waiting, running or finished; a decode with no free block left).
+
+    A request is the first `cut` blocks of system prompt f less a token or not, and `own` tokens of its
+    own from two values, so that equal prompts, and blocks computed twice (one named, its duplicate
+    not), come up; a decode appends n equal tokens. "finish" finishes `together` running requests in a
+    row, as in a step where several end."""
+    bs = block_size
+    systems = [[100 * (f + 1) + i for i in range(3 * bs)] for f in (0, 1)]
+    ref = Play(_Ref, num_blocks, bs)
+    waiting: list[str] = []
+    running: list[str] = []
+    known: list[str] = []  # every request so far, in order
+    events: list[Event] = []
+    for kind, *args in ops:
+        if kind == "arrive" or kind == "again" and known:  # a new request, admitted at once if it fits
+            if kind == "arrive":
+                f, cut, own = args
+                tokens = systems[f][:max(cut * bs - (own % 2), 0)] + [50 + (own + i) % 2 for i in range(own)]
+            else:
+                tokens = list(ref.tokens[known[args[0] % len(known)]])
+            rid = f"r{len(known)}"
+            ref.tokens[rid] = tokens or [50]
+            known.append(rid)
+            waiting.append(rid)
+            kind, args = "admit", [len(waiting) - 1]
+        if kind == "admit" and waiting:
+            rid = waiting[args[0] % len(waiting)]
+            ev = Event("admit", rid, tuple(ref.tokens[rid]))
+            events.append(ev)
+            table, _ = ref.do(ev)
+            if table is not None:
+                ref.tables[rid] = table
+                ref.name(rid)
+                waiting.remove(rid)
+                running.append(rid)
+        if kind == "grow" and running:
+            k, n, x = args
+            rid = running[k % len(running)]
+            ev = Event("grow", rid, tuple([60 + x] * n))
+            if math.ceil((len(ref.tokens[rid]) + n) / bs) - len(ref.tables[rid]) <= ref.pool.num_free:
+                events.append(ev)
+                ref.do(ev)
+        elif kind in ("finish", "preempt") and running:
+            for _ in range(args[1] if kind == "finish" else 1):
+                if running:
+                    rid = running.pop(args[0] % len(running))
+                    events.append(Event(kind, rid))
+                    ref.do(events[-1])
+                    if kind == "preempt":
+                        waiting.insert(0, rid)
+    return events
+
+
+def play_random(api, value) -> None:
+    num_blocks, block_size, ops = value
+    play_script(api, _Ref, num_blocks, block_size, events_of(num_blocks, block_size, ops), "random requests")
 
 
 def script(*steps) -> list[Event]:

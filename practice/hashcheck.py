@@ -13,6 +13,7 @@ model, where a wrongly shared block shows as a wrong output token.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from nano_engine import LLMEngine, Request, SamplingParams, Scheduler, Scheduler
 from nano_engine.paged import BlockPool, block_hashes, hash_block
 from nano_engine.tiny import tiny_model
 
+from .properties import st
 from .worker import Mismatch
 
 
@@ -55,10 +57,33 @@ def _call(name, token_ids, block_size, cache_salt, extra="") -> str:
 
 # ----- hash_chain -----
 
+LISTS = ("both functions return a list (hash_chain -> list[bytes], longest_cached_prefix -> list[int]), not a {}: "
+         "the request keeps its hashes and its block table as lists")
+
+
+def _shown(x, show=repr) -> str:
+    """A learner's return value as it came: a list as `show` writes it, anything else with its type."""
+    if isinstance(x, list):
+        return show(x)
+    if x is None:
+        return "None"
+    kind = type(x).__name__
+    body = "(" + show(list(x))[1:-1] + ("," if len(x) == 1 else "") + ")" if isinstance(x, tuple) else f"{x!r:.80}"
+    return ("an " if kind[:1] in "aeiou" else "a ") + f"{kind} {body}"
+
+
+def expected_got(want, got, show=repr) -> list[str]:
+    """The two report rows; where got is not a list, both name their type (`a list [...]`, `a tuple (...)`)."""
+    typed = not isinstance(got, list)
+    return [f"  expected  {'a list ' if typed else ''}{show(want)}", f"  got       {_shown(got, show)}"]
+
+
 def chain_hint(token_ids, block_size, cache_salt, want, got) -> str:
     """One sentence naming the mistake behind got != want (want = block_hashes(...))."""
     n, bs = len(token_ids), block_size
-    if not isinstance(got, (list, tuple)) or not all(isinstance(h, bytes) for h in got):
+    if not isinstance(got, list) and isinstance(got, (tuple, range)) and list(got) == want:
+        return LISTS.format(type(got).__name__)
+    if not isinstance(got, list) or not all(isinstance(h, bytes) for h in got):
         return "return a list of bytes: one hash_block(parent, tokens, extra) per full block"
     if len(got) != len(want):
         if len(got) == math.ceil(n / bs):
@@ -92,13 +117,11 @@ def chain_hint(token_ids, block_size, cache_salt, want, got) -> str:
 def check_chain(api, token_ids, block_size, cache_salt=None, head=()):
     want = block_hashes(token_ids, block_size, cache_salt=cache_salt)
     got = api.hash_chain(list(token_ids), block_size, cache_salt)
-    if isinstance(got, tuple):
-        got = list(got)
-    if got != want:
-        shown = _hashes(got) if isinstance(got, list) else repr(got)
+    if not isinstance(got, list) or got != want:  # exactly as returned: a tuple is not the list asked for
+        rows = expected_got(want, got, _hashes)
         raise Mismatch(*head, _call("hash_chain", token_ids, block_size, cache_salt),
-                       f"  expected  {_hashes(want)}  ({len(want)} hashes, first 8 hex digits)",
-                       f"  got       {shown}" + (f"  ({len(got)} hashes)" if isinstance(got, list) else ""),
+                       rows[0] + f"  ({len(want)} hashes, first 8 hex digits)",
+                       rows[1] + (f"  ({len(got)} hashes)" if isinstance(got, (list, tuple)) else ""),
                        "hint: " + chain_hint(token_ids, block_size, cache_salt, want, got))
 
 
@@ -120,8 +143,10 @@ def prefix_hint(token_ids, block_size, cached, cache_salt, want, got, hashes=Non
                 break
         return out
 
+    if not isinstance(got, list) and isinstance(got, (tuple, range)) and list(got) == want:
+        return LISTS.format(type(got).__name__)
     if not isinstance(got, list) or not all(isinstance(b, int) and not isinstance(b, bool) for b in got):
-        if isinstance(got, list) and got and all(isinstance(b, bytes) for b in got):
+        if isinstance(got, (list, tuple)) and got and all(isinstance(b, bytes) for b in got):
             return "return the block ids (cached[hash]), not the hashes"
         return "return a list of block ids (int), cached[hash] for each hit block, in order"
     if len(got) > limit and got == run(full):
@@ -135,6 +160,9 @@ def prefix_hint(token_ids, block_size, cached, cache_salt, want, got, hashes=Non
     if cache_salt is not None and got != want and got == run(block_hashes(token_ids, bs, limit)):
         return "look up with the request's salt: hash_chain(token_ids, block_size, cache_salt)"
     if len(got) < len(want) and got == want[:len(got)]:
+        if want[len(got)] == 0 and got == list(itertools.takewhile(bool, (cached.get(h) for h in full[:limit]))):
+            return ("block 0 is a block id like any other: a hit in block 0 is not a miss; test `h in cached` "
+                    "(or `cached.get(h) is None`), not the truth of the id")
         if n % bs and len(got) == n // bs - 1:
             return (f"only the block holding the LAST token is left out: {n} tokens are {n // bs} full block(s) + "
                     f"{n % bs}, the last token is in the partial block, so all {limit} full block(s) can hit: "
@@ -157,29 +185,83 @@ def _cache_lines(cached, names) -> list[str]:
 def check_prefix(api, token_ids, block_size, cached, cache_salt=None, names=None, head=()):
     want = reference_lookup(token_ids, block_size, cached, cache_salt)
     got = api.longest_cached_prefix(list(token_ids), block_size, dict(cached), cache_salt)
-    if isinstance(got, tuple):
-        got = list(got)
-    if got != want:
+    if not isinstance(got, list) or got != want:  # exactly as returned: a tuple is not the list asked for
         limit = max((len(token_ids) - 1) // block_size, 0)
         raise Mismatch(*head, *_cache_lines(cached, names or {}),
                        _call("longest_cached_prefix", token_ids, block_size, cache_salt, ", cached"),
                        f"  (its {len(token_ids)} tokens: at most {limit} block(s) may hit)",
-                       f"  expected  {want}", f"  got       {got!r}",
+                       *expected_got(want, got),
                        "hint: " + prefix_hint(token_ids, block_size, cached, cache_salt, want, got))
 
 
-def make_cache(prompts, block_size, rng, drop=()) -> tuple[dict, dict]:
-    """Cache every full block of these (tokens, salt) prompts under random block ids, less the
-    (prompt index, block index) pairs in drop (evicted). Returns (cached, hash -> readable name)."""
+def make_cache(prompts, block_size, rng=None, drop=(), ids=None) -> tuple[dict, dict]:
+    """Cache every full block of these (tokens, salt) prompts under random block ids (or under `ids`, in
+    that order), less the (prompt index, block index) pairs in drop (evicted). Returns (cached, hash ->
+    readable name)."""
     cached, names = {}, {}
-    ids = list(range(100))
-    rng.shuffle(ids)
+    if ids is None:
+        ids = list(range(100))
+        rng.shuffle(ids)
+    else:
+        ids = list(reversed(ids))  # pop() hands them out in the order given
     for p, (tokens, salt) in enumerate(prompts):
         for i, h in enumerate(block_hashes(tokens, block_size, cache_salt=salt)):
             if h not in cached and (p, i) not in drop:
                 cached[h] = ids.pop()
                 names[h] = f"P{p}[:{(i + 1) * block_size}]" + ("" if salt is None else f" salt {salt!r}")
     return cached, names
+
+
+# ----- random inputs (property cases) -----
+
+SALTS = (None, "a", "b", "tenant-7", "café")
+
+
+@st.composite
+def chain_inputs(draw):
+    """(token_ids, block_size, cache_salt): k full blocks and a partial tail of 0 .. block_size - 1 tokens,
+    the tokens from 3 values, so that equal blocks (after equal or different prefixes) are common."""
+    bs = draw(st.integers(1, 4))
+    n = bs * draw(st.integers(0, 4)) + draw(st.integers(0, bs - 1))
+    return draw(st.lists(st.integers(0, 2), min_size=n, max_size=n)), bs, draw(st.sampled_from(SALTS))
+
+
+@st.composite
+def lookup_inputs(draw):
+    """(block_size, cached prompts [(tokens, salt)], evicted (prompt, block) pairs, block ids, query, salt).
+
+    The prompts are the first 0 .. 4 blocks of one stock of tokens (less a few) and tokens of their own,
+    so they share prefixes of every length, some under salts; a few of their blocks are evicted; the
+    block ids are a permutation (shrinking towards 0, 1, 2, ... in the order the blocks were cached).
+    The query is a cached prompt and more tokens, less a few at the end, with its own salt or another."""
+    bs = draw(st.integers(1, 4))
+    stock = draw(st.lists(st.integers(0, 2), min_size=4 * bs, max_size=4 * bs))
+    prompts = [(stock[:4 * bs - short] + own, salt) for short, own, salt in draw(st.lists(
+        st.tuples(st.integers(0, 4 * bs), st.lists(st.integers(3, 4), max_size=2 * bs), st.sampled_from(SALTS)),
+        min_size=1, max_size=3))]
+    prompts = [(tokens, salt) for tokens, salt in prompts if tokens] or [(stock, None)]
+    drop = draw(st.sets(st.tuples(st.integers(0, 2), st.integers(0, 5)), max_size=2))
+    ids = draw(st.permutations(range(18)))
+    base, own_salt = prompts[draw(st.integers(0, 2)) % len(prompts)]
+    tokens = base + draw(st.lists(st.integers(3, 5), max_size=2 * bs))
+    tokens = tokens[:max(len(tokens) - draw(st.integers(0, 2 * bs)), 1)]
+    salt = draw(st.one_of(st.just(own_salt), st.sampled_from(SALTS)))
+    return bs, prompts, sorted(drop), ids, tokens, salt
+
+
+def check_random_lookup(api, value) -> None:
+    bs, prompts, drop, ids, tokens, salt = value
+    cached, names = make_cache(prompts, bs, drop=drop, ids=ids)
+    gone = {}  # the prefixes not in the cache, by the first prompt that has them
+    for p, (t, s) in enumerate(prompts):
+        for i, h in enumerate(block_hashes(t, bs, cache_salt=s)):
+            if h not in cached:
+                gone.setdefault(h, f"P{p}[:{(i + 1) * bs}]")
+    evicted = ", ".join(gone.values())
+    head = [f"blocks of {bs} token(s); every full block of these prompts was cached"
+            + (f", less the evicted {evicted}" if evicted else "") + f" (P0[:{2 * bs}] is P0's first {2 * bs} tokens):"]
+    head += [f"  P{p} = {_tokens(t)}" + ("" if s is None else f", salt {s!r}") for p, (t, s) in enumerate(prompts)]
+    check_prefix(api, tokens, bs, cached, salt, names, head=head)
 
 
 # ----- the scheduler with the learner's functions -----
@@ -211,9 +293,12 @@ def learner_scheduler(api, log: list, block_size: int):
     class LearnerHashing(Scheduler):
         def hashes(self, req, num_blocks):
             chain = api.hash_chain(list(req.all_token_ids), self.block_size, req.cache_salt)
-            if not isinstance(chain, (list, tuple)) or not all(isinstance(h, bytes) for h in chain):
-                raise Mismatch(f"hash_chain returned {chain!r:.60}", "  expected  a list of bytes",
-                               "hint: return a list of bytes: one hash_block(parent, tokens, extra) per full block")
+            if not isinstance(chain, list) or not all(isinstance(h, bytes) for h in chain):  # as returned
+                tokens = list(req.all_token_ids)
+                want = block_hashes(tokens, self.block_size, cache_salt=req.cache_salt)
+                raise Mismatch(_call("hash_chain", tokens, self.block_size, req.cache_salt)
+                               + f" (the hashes of {req.request_id})", *expected_got(want, chain, _hashes),
+                               "hint: " + chain_hint(tokens, self.block_size, req.cache_salt, want, chain))
             out = _Hashes(chain[:num_blocks])
             out.request = req
             return out
@@ -227,10 +312,9 @@ def learner_scheduler(api, log: list, block_size: int):
                 return super().lookup(hashes)
             tokens, cached = list(req.all_token_ids), dict(self.cached)
             got = api.longest_cached_prefix(tokens, self.bs, cached, req.cache_salt)
-            got = list(got) if isinstance(got, tuple) else got
-            mine = api.hash_chain(tokens, self.bs, req.cache_salt)
-            want = BlockPool.lookup(self, list(mine)[:max((len(tokens) - 1) // self.bs, 0)])
-            if got != want:
+            mine = api.hash_chain(tokens, self.bs, req.cache_salt)  # a list: hashes() has checked it
+            want = BlockPool.lookup(self, mine[:max((len(tokens) - 1) // self.bs, 0)])
+            if not isinstance(got, list) or got != want:  # exactly as returned
                 log.append((req, tokens, dict(self.cached), want, got, list(mine)))
                 raise _WrongLookup()
             return got
@@ -314,7 +398,7 @@ def check_play(api, reqs: list[Req], block_size: int, num_blocks: int, budget: i
                           if len(tokens) > req.num_prompt_tokens else "") + f"), the cache holds {len(cached)} blocks",
                        _call("longest_cached_prefix", tokens, block_size, req.cache_salt, ", cached"),
                        f"  (at most {limit} block(s) may hit)",
-                       f"  expected  {want}", f"  got       {got!r}",
+                       *expected_got(want, got),
                        "hint: " + prefix_hint(tokens, block_size, cached, req.cache_salt, want, got, mine))
     for k, (e, g) in enumerate(zip(want_steps, got_steps)):
         if (e.scheduled, e.preempted, e.tables) != (g.scheduled, g.preempted, g.tables):
@@ -324,7 +408,7 @@ def check_play(api, reqs: list[Req], block_size: int, num_blocks: int, budget: i
             if e.tables != g.tables:
                 rows += [f"  block tables of the admitted: expected {e.tables}", f"{' ' * 31}got      {g.tables}"]
             bad = next((r for r in reqs if block_hashes(r.prompt, block_size, cache_salt=r.salt)
-                        != list(api.hash_chain(list(r.prompt), block_size, r.salt))), None)
+                        != api.hash_chain(list(r.prompt), block_size, r.salt)), None)
             hint = (f"your lookups agree with the cache, but the cache named other blocks: hash_chain of {bad.rid}'s "
                     "prompt differs from the engine's block_hashes (see the hash_chain cases)" if bad else
                     "a request starts at its hit: len(longest_cached_prefix(...)) * block_size tokens")
@@ -423,7 +507,7 @@ def check_engine(api, seed: int, block_size: int = 4, num_blocks: int = 20, budg
                 raise Mismatch(f"the engine on a tiny model, step {engine.stats.steps}: admitting "
                                f"{req.request_id} ({len(tokens)} tokens)",
                                _call("longest_cached_prefix", tokens, block_size, req.cache_salt, ", cached"),
-                               f"  expected  {want}", f"  got       {got!r}",
+                               *expected_got(want, got),
                                "hint: " + prefix_hint(tokens, block_size, cached, req.cache_salt, want, got, mine))
         return reqs, [(r.step, r.scheduled, r.preempted) for r in engine.step_log]
 

@@ -120,7 +120,8 @@ def _context():
     # forkserver: torch is imported once, in the server, and every case forks from it (milliseconds).
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["practice.worker", "practice.scenarios", "practice.endtoend"])
+        ctx.set_forkserver_preload(["practice.worker", "practice.scenarios", "practice.endtoend",
+                                    "practice.properties"])
         return ctx
     return mp.get_context("spawn")
 

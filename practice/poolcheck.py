@@ -2,9 +2,11 @@
 run the engine on a tiny model with the learner's pool.
 
 `play` runs each operation on nano_engine's BlockPool, then on the learner's, and compares what
-came back (ids, errors) and the state after it (reference counts, num_free, the free queue's
-order, which blocks hold a cached prefix); `_hint` names the mistake behind the first difference
-in one sentence. `check_engine` swaps the learner's pool into LLMEngine, as the exercise's only
+came back (ids, errors; the learner's return value as it is, a tuple is not the list asked for)
+and the state after it (reference counts, num_free, the free queue's order, which blocks hold a
+cached prefix); `_hint` names the mistake behind the first difference in one sentence.
+`pool_scripts` draws random scripts for a property case (practice/properties.py), which
+`play_random` plays the same way. `check_engine` swaps the learner's pool into LLMEngine, as the exercise's only
 change, and compares outputs with single-request generation and decisions with the reference run.
 """
 
@@ -17,6 +19,7 @@ from nano_engine.paged import BlockPool, block_hashes
 from nano_engine.tiny import tiny_model
 
 from .endtoend import recording
+from .properties import st
 from .worker import Mismatch
 
 HASH_BLOCK = 2  # tokens per block in scripts' cache(...) and hashes(...)
@@ -47,10 +50,18 @@ def _do(env: dict, op: str, ref_error=None, learner=False):
         if not learner and not isinstance(e, (ValueError, RuntimeError)):
             raise
         return None, e
-    result = None if result is None else list(result)
     if name:
         env[name] = result
     return result, None
+
+
+def _value(x) -> str:
+    """A returned value with its type: `a list [0, 1]`, `a tuple (0, 1)`, `a generator`, `None`."""
+    if x is None:
+        return "None"
+    kind = type(x).__name__
+    article = "an" if kind[:1].lower() in "aeiou" else "a"
+    return f"{article} {kind} {x!r}" if isinstance(x, (list, tuple, set, frozenset, dict, int)) else f"{article} {kind}"
 
 
 def _err(e) -> str:
@@ -68,6 +79,8 @@ def play(pool_cls, num_blocks: int, ops: list[str]) -> None:
         rows, kind = [], None
         if type(want_err) is not type(got_err):
             rows, kind = [f"  expected {_err(want_err)}", f"  got      {_err(got_err)}"], "error"
+        elif not isinstance(got, type(want)):  # the learner's own return value, never converted
+            rows, kind = [f"  returned  expected {_value(want)}", f"            got      {_value(got)}"], "type"
         elif want != got:
             rows, kind = [f"  returned  expected {want}", f"            got      {got}"], "result"
         else:
@@ -90,6 +103,18 @@ def play(pool_cls, num_blocks: int, ops: list[str]) -> None:
 def _hint(op: str, kind: str, before: dict, want_err, got_err, pool, ref_pool) -> str:
     verb = op.rpartition(" = ")[2].split("(")[0]
     queue = before["free queue (next out first)"]
+    if kind == "type":
+        if verb in ("free", "touch"):
+            return f"{verb} returns nothing (None): it changes the pool, the caller reads the pool's state"
+        if verb != "allocate":
+            return f"{verb} returns a list, as nano_engine's BlockPool.{verb} does"
+        return ("allocate returns the list of the blocks it took (-> list[int]), taken when it is called: the "
+                "scheduler extends the request's block table with it")
+    stale = [b for b, h in enumerate(pool.block_hash) if h is not None and pool.cached.get(h) != b]
+    if stale and kind != "error":
+        return (f"a reused block must lose its name in block_hash too (self.block_hash[b] = None), not only in "
+                f"self.cached: block {stale[0]} keeps a stale name, so cache_blocks never names it again and free "
+                "puts it at the END as if it held a prefix")
     if verb == "allocate":
         if kind == "error" and want_err is not None:
             return (f"allocate(n) with n > num_free (here {before['num_free']} free) must raise ValueError "
@@ -107,6 +132,9 @@ def _hint(op: str, kind: str, before: dict, want_err, got_err, pool, ref_pool) -
             return ("a reused block may still hold a cached prefix: forget it (del self.cached[self.block_hash[b]]; "
                     "self.block_hash[b] = None), or a later lookup finds a block whose KV was overwritten")
     if verb == "free":
+        if kind == "ref counts" and "reversed(" in op and list(pool.ref_count) == before["ref counts"]:
+            return ("free was given an iterator, reversed(...), and dropped no reference: go through block_ids "
+                    "ONCE; a second loop over an iterator (after a first one that checks the counts) finds it empty")
         if kind == "error" and want_err is not None:
             return ("freeing a block whose reference count is already 0 must raise RuntimeError: a double free "
                     "would put it in the free queue twice and hand it to two requests")
@@ -151,6 +179,101 @@ def _hint(op: str, kind: str, before: dict, want_err, got_err, pool, ref_pool) -
     if verb == "lookup":
         return "lookup finds blocks by their prefix names: a block reused by allocate must lose its name"
     return "compare the state after each operation with the statement's rules"
+
+
+# ----- random scripts (property cases) -----
+
+def prefix_tokens(num_blocks: int, family: int) -> list[int]:
+    """Tokens of num_blocks blocks of a prefix family: two runs of one family share their leading blocks."""
+    return [10 * family + i for i in range(HASH_BLOCK * num_blocks)]
+
+
+def _operations() -> list[tuple]:
+    """Every operation a script may hold, the simplest first (shrinking moves towards the front), each kind
+    repeated to about equal weight. A group index k picks a held group modulo how many are held, so
+    that a shrunk list still reads sensibly."""
+    ks, ms = range(4), range(1, 5)
+    return [("skip",),  # what an operation that does not matter shrinks to: it drops out of the script shown
+            *[("allocate", m) for m in ms] * 8,
+            *[("allocate_rest", extra) for extra in (0, 1)] * 6,  # every free block, or one too many
+            *[("free", k, rev) for k in ks for rev in (True, False)] * 4,  # reversed (as the scheduler does) or not
+            *[("cache", k, m, f) for k in ks for m in ms for f in range(3)],  # name m blocks as family f's
+            *[("hit", m, k) for k in ks for m in ms] * 2,  # look up a family named before, touch the hit
+            *[("share", k, m) for k in ks for m in ms],  # another request takes a held group's first m blocks
+            *[("free_again", k) for k in ks] * 3]  # a double free of a group given back before
+
+
+def pool_scripts():
+    """(num_blocks, operations). One draw an operation (sampled from _operations) keeps drawing and
+    shrinking fast; script_of skips what cannot be done at that point."""
+    return st.tuples(st.integers(1, 8), st.lists(st.sampled_from(_operations()), min_size=12, max_size=40))
+
+
+def script_of(num_blocks: int, ops) -> list[str]:
+    """The script (in play's notation) of these operations, played on nano_engine's pool to skip the
+    illegal ones: nothing held to free, name or share, a lookup that finds nothing, a double free that is
+    not one. Equal prefix families name equal leading blocks, so a prefix can be named twice."""
+    pool = BlockPool(num_blocks)
+    held: list[tuple[str, list[int]]] = []  # (expression, blocks) of each reference still to drop
+    dropped: list[tuple[str, list[int]]] = []
+    out: list[str] = []
+    families: list[int] = []  # the prefix families named so far, in order
+    count = 0
+    for kind, *args in ops:
+        if kind == "skip":
+            continue
+        if kind in ("allocate", "allocate_rest"):
+            n = args[0] if kind == "allocate" else pool.num_free + args[0]
+            if n == 0:
+                continue
+            if n > pool.num_free:
+                out.append(f"allocate({n})")
+                continue
+            name, count = f"b{count}", count + 1
+            out.append(f"{name} = allocate({n})")
+            held.append((name, pool.allocate(n)))
+        elif kind == "hit":
+            if not families:
+                continue
+            tokens = prefix_tokens(args[0], families[args[1] % len(families)])
+            hit = pool.lookup(block_hashes(tokens, HASH_BLOCK))
+            if hit:
+                name, count = f"h{count}", count + 1
+                out += [f"{name} = lookup(hashes({tokens}))", f"touch({name})"]
+                pool.touch(hit)
+                held.append((name, hit))
+        elif kind == "free_again":
+            if dropped:
+                expr, blocks = dropped[args[0] % len(dropped)]
+                if pool.ref_count[blocks[0]] == 0:  # it raises before it changes anything
+                    out.append(f"free({expr})")
+        elif held:
+            i = args[0] % len(held)
+            expr, blocks = held[i]
+            if kind == "free":
+                del held[i]
+                out.append(f"free(reversed({expr}))" if args[1] else f"free({expr})")
+                pool.free(reversed(blocks) if args[1] else blocks)
+                dropped.append((expr, blocks))
+                continue
+            m = min(args[1], len(blocks))
+            part = expr if m == len(blocks) else f"{expr}[:{m}]"
+            if kind == "cache":
+                f = args[2]
+                tokens = prefix_tokens(m, f)
+                out.append(f"cache({part}, {tokens})")
+                families += [] if f in families else [f]
+                pool.cache_blocks(blocks[:m], block_hashes(tokens, HASH_BLOCK))
+            else:  # share
+                out.append(f"touch({part})")
+                pool.touch(blocks[:m])
+                held.append((part, blocks[:m]))
+    return out
+
+
+def play_random(pool_cls, value) -> None:
+    num_blocks, ops = value
+    play(pool_cls, num_blocks, script_of(num_blocks, ops))
 
 
 # ----- end to end -----

@@ -6,15 +6,19 @@ also compared with the usual mistakes (rotation the wrong way, pairs taken side 
 is not causal or ignores the cached prefix, query heads mapped to KV heads with repeat instead of
 repeat_interleave, no 1/sqrt(hd) scale) to name the one made. Then
 the tiny model generates with the learner's two functions patched into mini_llm, in this case's
-own process, and must give the tokens of nano_engine.generate.
+own process, and must give the tokens of nano_engine.generate. Last, property cases draw shapes,
+positions, cached prefixes, score spreads and dtypes at random (practice/properties.py) and run the
+same comparisons; the smallest input that differs is the one shown.
 """
 
+import math
 from types import SimpleNamespace
 
 import torch
 
 import nano_engine.mini_llm as ref
 from nano_engine.tiny import tiny_model
+from practice.properties import check_property, st
 from practice.worker import Case, Mismatch, require_functions
 
 REFERENCE_FILE = ref.__file__
@@ -100,13 +104,21 @@ def _rope_mistakes(x, cos, sin):
     ]
 
 
-def _check_rope(api, T, nh, hd, positions, seed):
+def _drawn(seed, scales) -> str:
+    """How a random case's tensors were made, if any was scaled (the hand-made cases are plain randn)."""
+    scaled = ", ".join(f"{name} times {factor:g}" for name, factor in scales if factor != 1)
+    return f"  (torch.randn, Generator seed {seed}{', ' + scaled if scaled else ''})"
+
+
+def _check_rope(api, T, nh, hd, positions, seed, magnitude=1.0):
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(T, nh, hd, generator=gen, dtype=torch.float64)
+    x = torch.randn(T, nh, hd, generator=gen, dtype=torch.float64) * magnitude
     cfg = SimpleNamespace(head_dim=hd, rope_theta=10000.0, rope_scaling=None)
     cos, sin = ref.rope_cos_sin(ref.rope_inv_freq(cfg), torch.tensor(positions), torch.float64)
     want = ref.apply_rope(x, cos, sin)
     call = f"apply_rope(x {tuple(x.shape)}, cos {tuple(cos.shape)}, sin, positions {positions})"
+    if magnitude != 1:
+        call += "\n" + _drawn(seed, [("x", magnitude)])
     got = _checked_output(api.apply_rope(x.clone(), cos, sin), want, call,
                           "the output has the shape of x, (T, nh, hd): cos and sin (T, hd) broadcast over the heads "
                           "as cos[:, None, :]")
@@ -166,13 +178,18 @@ def _attention_mistakes(q, k, v, c):
     return [(_attend(q, k, v, m, kv, s), hint) for m, kv, s, hint in variants if g * nkv == nh]
 
 
-def _check_attention(api, T, c, nh, nkv, hd, seed, dtype=torch.float64):
+def _check_attention(api, T, c, nh, nkv, hd, seed, dtype=torch.float64, spread=1.0, magnitude=1.0):
+    """spread scales q, so the scores (softmax's inputs) spread that much wider; magnitude scales v."""
     gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(T, nh, hd, generator=gen, dtype=dtype)
-    k, v = (torch.randn(c + T, nkv, hd, generator=gen, dtype=dtype) for _ in range(2))
+    q = torch.randn(T, nh, hd, generator=gen, dtype=dtype) * spread
+    k = torch.randn(c + T, nkv, hd, generator=gen, dtype=dtype)
+    v = torch.randn(c + T, nkv, hd, generator=gen, dtype=dtype) * magnitude
     want = ref.attention(q, k, v, c)
     kind = "" if dtype == torch.float64 else f", all {dtype}"
     call = f"attention(q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, num_cached={c}{kind})"
+    top = _largest_score(q, k)
+    if spread != 1 or magnitude != 1:
+        call += "\n" + _drawn(seed, [("q", spread), ("v", magnitude)]) + f"; the largest |score| is {top:.3g}"
     got = _checked_output(api.attention(q.clone(), k.clone(), v.clone(), c), want, call,
                           "one output row per query and one head per query head: (T, nh, hd), "
                           "even though k and v have nkv heads")
@@ -183,11 +200,61 @@ def _check_attention(api, T, c, nh, nkv, hd, seed, dtype=torch.float64):
     lines = [call, f"  query {t} (position {c + t}), head {h}:",
              f"  expected {_row(want[t, h])}", f"  got      {_row(got[t, h])}", *difference]
     hint = next((h for alt, h in _attention_mistakes(q, k, v, c) if _close(got, alt)), precision)
+    if hint is not None and hint.startswith("not causal") and top > 1000:
+        hint = None  # with scores this large a finite mask value is no mask: the hint below says so
+    overflow = math.log(torch.finfo(dtype).max)  # exp of a larger score is inf
+    if hint is None and not got.isfinite().all() and top > overflow:
+        hint = (f"{'NaN' if got.isnan().any() else 'inf'} where the scores reach {top:.3g}: exp of a score over "
+                f"{overflow:.0f} is inf in {dtype}, and inf / inf is NaN: subtract each row's largest score before exp "
+                "(torch.softmax does), which changes nothing else")
     if hint is None and got.isnan().any():
         hint = ("NaN: a query whose every score is masked has nothing to attend to; query i sees keys "
                 "0..num_cached + i, itself included")
+    if hint is None and top > 1000:
+        hint = (f"the scores here reach {top:.3g}: a finite mask value (-1e4, even -1e9) can lose to scores this "
+                "large, so a key after the query still gets weight (as if there were no mask): fill the hidden "
+                "scores with -inf (masked_fill), and let the softmax subtract each row's largest score "
+                "(torch.softmax does)")
     raise Mismatch(*lines, "hint: " + (hint or f"row i of head h is softmax(q[i, h] . k[:p+1, h // (nh // nkv)] / "
                                                 f"sqrt(hd)) @ v[:p+1, h // (nh // nkv)], with p = num_cached + i"))
+
+
+def _largest_score(q, k) -> float:
+    """max |q . k| / sqrt(hd) over every query head and the KV head it reads (the mask aside)."""
+    g = q.shape[1] // k.shape[1]
+    scores = torch.einsum("thd,lhd->htl", q.double(), k.double().repeat_interleave(g, dim=1))
+    return (scores.abs().max() * q.shape[2] ** -0.5).item()
+
+
+# ----- random inputs (property cases) -----
+
+@st.composite
+def _rope_inputs(draw):
+    """(T, nh, hd, positions, seed, magnitude): one token or several, one head or many, positions
+    anywhere (a batch's tokens come from many sequences: not consecutive), x small or large."""
+    positions = draw(st.lists(st.one_of(st.integers(0, 64), st.integers(1000, 1_000_000)), min_size=1, max_size=8))
+    nh = draw(st.integers(1, 8))
+    hd = draw(st.sampled_from([2, 4, 8, 16, 64, 128]))
+    magnitude = draw(st.sampled_from([1.0, 1e-3, 1e3]))
+    return len(positions), nh, hd, positions, draw(st.integers(0, 2 ** 16)), magnitude
+
+
+@st.composite
+def _attention_inputs(draw):
+    """(T, c, nh, nkv, hd, seed, dtype, spread, magnitude): a prompt, a chunk on a short or long cached
+    prefix, one decode query; one KV head or several, 1 to 8 query heads per KV head; float64 with the
+    scores spread up to a million and v small or large, or float32 (whose tolerance allows only
+    scores of a few units: its rounding grows with them)."""
+    T = draw(st.integers(1, 12))
+    c = draw(st.one_of(st.just(0), st.integers(1, 8), st.integers(64, 200)))
+    nkv, group = draw(st.integers(1, 2)), draw(st.sampled_from([1, 2, 4, 8]))
+    hd = draw(st.sampled_from([2, 4, 8, 16, 64]))
+    dtype = draw(st.sampled_from([torch.float64, torch.float32]))
+    if dtype == torch.float64:
+        spread, magnitude = draw(st.sampled_from([1.0, 10.0, 100.0, 1e4, 1e6])), draw(st.sampled_from([1.0, 1e-3, 1e3]))
+    else:
+        spread, magnitude = draw(st.sampled_from([1.0, 2.0])), draw(st.sampled_from([1.0, 0.01]))
+    return T, c, nkv * group, nkv, hd, draw(st.integers(0, 2 ** 16)), dtype, spread, magnitude
 
 
 # ----- end to end -----
@@ -237,4 +304,8 @@ CASES = [
     attention("attention_keeps_float32_inputs_in_float32", 4, 3, 4, 2, 16, 15, torch.float32),
     Case("end_to_end_generate_llama_style", lambda api: check_generate(api, 0, False, [7, 1, 12])),
     Case("end_to_end_generate_qwen3_style", lambda api: check_generate(api, 1, True, [5, 16])),
+    Case("rope_random_shapes_and_positions",
+         lambda api: check_property(_rope_inputs(), lambda a: _check_rope(api, *a), examples=60)),
+    Case("attention_random_shapes_prefixes_and_score_spreads",
+         lambda api: check_property(_attention_inputs(), lambda a: _check_attention(api, *a), examples=100)),
 ]

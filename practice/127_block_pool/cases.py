@@ -5,13 +5,15 @@ played on both pools; after each one the results, the errors, the reference coun
 free queue's order and the prefix cache must agree, and the first difference is reported with a
 hint. Then the engine runs on the tiny model with the learner's pool, under a tight pool that
 forces preemption and with prompts that share a prefix: outputs must equal single-request
-generation, and the engine must make the same decisions as with nano_engine's pool.
+generation, and the engine must make the same decisions as with nano_engine's pool. Last, random
+scripts drawn by hypothesis are played the same way, and the smallest one that differs is shown.
 """
 
 import random
 
 import nano_engine.paged as ref
-from practice.poolcheck import HASH_BLOCK, check_engine, play
+from practice.poolcheck import HASH_BLOCK, check_engine, play, play_random, pool_scripts
+from practice.properties import check_property
 from practice.worker import Case, Mismatch
 
 REFERENCE_FILE = ref.__file__
@@ -30,18 +32,6 @@ def reference():
 
 def scripted(name, num_blocks, ops):
     return Case(name, lambda cls: play(cls, num_blocks, ops))
-
-
-def _allocate_returns_a_list(cls):
-    """allocate's own return value, unconverted: a list (-> list[int]), and a failed one raises at the call."""
-    pool = cls(4)
-    for n in (3, 1):
-        got = pool.allocate(n)
-        if type(got) is not list:
-            raise Mismatch(f"a pool of 4 blocks: allocate({n}) returned a {type(got).__name__}",
-                           f"  expected a list of {n} block ids", f"  got      {got!r}",
-                           "hint: allocate returns the list of the blocks it took (-> list[int]), taken when it is "
-                           "called: the scheduler extends the request's block table with it")
 
 
 def _reuse_forgets_the_name(cls):
@@ -107,7 +97,6 @@ SHARED = [(14, 10, 0), (16, 12, 2), (13, 10, 2), (20, 9, 3), (15, 10, 4), (18, 8
 
 CASES = [
     scripted("allocate_from_a_fresh_pool", 8, ["a = allocate(3)", "b = allocate(2)", "allocate(3)"]),
-    Case("allocate_returns_a_list", _allocate_returns_a_list),
     scripted("allocate_more_than_free_raises_and_takes_nothing", 4,
              ["a = allocate(3)", "allocate(2)", "b = allocate(1)", "allocate(1)"]),
     scripted("freed_blocks_without_a_prefix_go_to_the_front", 6,
@@ -139,4 +128,8 @@ CASES = [
     Case("end_to_end_shared_prefix",
          lambda cls: check_engine(cls, ref.BlockPool, dict(max_num_batched_tokens=16, num_blocks=12, block_size=4),
                                   SHARED, seed=3, shared_prefix=12)),
+    # Random scripts drawn by hypothesis (allocations too large by one, frees in either order, prefixes
+    # named twice, hits, shared heads, double frees), replayed on both pools; the smallest that differs is shown.
+    Case("random_operation_scripts",
+         lambda cls: check_property(pool_scripts(), lambda value: play_random(cls, value), examples=100)),
 ]

@@ -8,7 +8,9 @@ the block table, an off-by-one start, the first token's logits row instead of th
 tensors are checked as they come, before any value is read: 1-D and torch.long, as the engine
 indexes with them (a list, int32, or the float32 of an empty torch.tensor([]) fails there). Then
 nano_engine's ModelRunner runs three steps on the learner's own batches over a tiny model: every
-sampled row's logits must equal those of its sequence run alone.
+sampled row's logits must equal those of its sequence run alone. Last, property cases draw slot
+ranges and batches at random (practice/properties.py) and run the same comparisons; the smallest
+input that differs is the one shown.
 """
 
 import dataclasses
@@ -21,6 +23,7 @@ import torch
 import nano_engine.runner as ref
 from nano_engine.runner import SeqChunk
 from nano_engine.tiny import tiny_model
+from practice.properties import check_property, st
 from practice.worker import Case, Mismatch, require_functions
 
 REFERENCE_FILE = ref.__file__
@@ -77,8 +80,8 @@ def _check_tensor(x, name: str, n: int, context: list[str]):
     elif x.dim() != 1:
         hint = f"{name} is one flat row, one entry per {'sampling chunk' if name == 'logits_indices' else 'new token'}"
     elif x.numel() == 0 and x.dtype == torch.float32:
-        hint = (f"torch.tensor([]) of an empty list is float32, and {_USE[name]}, which needs an integer index: "
-                "give dtype=torch.long")
+        need = "" if "torch.long" in _USE[name] else ", which needs an integer index"
+        hint = f"torch.tensor([]) of an empty list is float32, and {_USE[name]}{need}: give dtype=torch.long"
     else:
         hint = f"tensors are torch.long: {_USE[name]}; build it with dtype=torch.long"
     raise Mismatch(*lines, "hint: " + hint)
@@ -100,6 +103,14 @@ def _slot_hint(got, block_ids, start, end, block_size) -> str:
                 "p % block_size, not its position p: blocks are anywhere in the cache")
     if got == [block_ids[p // block_size] + p % block_size for p in range(start, end)]:
         return "a block owns block_size slots: slot = block_id * block_size + offset, not block_id + offset"
+    if block_size & (block_size - 1):  # not a power of two: shifts and masks give other blocks and offsets
+        bits, low = block_size.bit_length() - 1, block_size - 1
+        if got == [block_ids[p // block_size] * block_size + (p & low) for p in range(start, end)]:
+            return (f"block_size {block_size} is not a power of two: p & {low} is not p % {block_size}; "
+                    "use %, which holds for any block size")
+        if got == [block_ids[p >> bits] << bits | p & low for p in range(start, end)]:
+            return (f"block_size {block_size} is not a power of two: p >> {bits} and p & {low} are not "
+                    f"p // {block_size} and p % {block_size}; use // and %, which hold for any block size")
     for shift in (1, -1):
         if 0 <= start + shift and end + shift <= len(block_ids) * block_size and \
                 got == _positions(block_ids, range(start + shift, end + shift), block_size):
@@ -213,6 +224,42 @@ def _check_random(api, seeds):
         _check_batch(api, _random_chunks(seed), 4)
 
 
+# ----- random inputs (property cases) -----
+
+@st.composite
+def _slot_ranges(draw):
+    """(block_ids, start, end, block_size): any block size (1 too), a table of distinct blocks in any
+    order, a range that may be empty, one token, start or end on a block boundary, or the whole table."""
+    bs = draw(st.integers(1, 16))
+    table = draw(st.lists(st.integers(0, 63), min_size=1, max_size=8, unique=True))
+    capacity = len(table) * bs
+    start = draw(st.one_of(st.integers(0, capacity), st.sampled_from(range(0, capacity + 1, bs))))
+    end = draw(st.one_of(st.integers(start, capacity), st.just(min(start + 1, capacity)), st.just(capacity),
+                         st.sampled_from(range(-(-start // bs) * bs, capacity + 1, bs))))
+    return table, start, end, bs
+
+
+@st.composite
+def _batches(draw):
+    """(chunks, block_size): 1 to 12 sequences, each a prompt, a chunk on a cached prefix (often one
+    ending on a block boundary) or a single decode token, sampling or not; block size 1 to 16; block
+    tables of distinct blocks scattered over a cache twice their size, some with a spare block after
+    the last used one. Chunk s's tokens are 100 (s + 1), 100 (s + 1) + 1, ...: rows are easy to trace."""
+    bs = draw(st.integers(1, 16))
+    shapes = draw(st.lists(st.tuples(
+        st.one_of(st.just(0), st.integers(1, 4).map(lambda b: b * bs), st.integers(1, 40)),  # num_cached
+        st.one_of(st.just(1), st.integers(1, 20)),  # new tokens
+        st.booleans(),  # sample
+        st.integers(0, 1)), min_size=1, max_size=12))  # spare blocks
+    sizes = [-(-(c + n) // bs) + spare for c, n, _, spare in shapes]
+    blocks = random.Random(draw(st.integers(0, 2 ** 16))).sample(range(2 * sum(sizes)), sum(sizes))
+    chunks = []
+    for s, ((c, n, sample, _), size) in enumerate(zip(shapes, sizes)):
+        chunks.append(SeqChunk([100 * (s + 1) + i for i in range(n)], c, blocks[:size], sample))
+        blocks = blocks[size:]
+    return chunks, bs
+
+
 # ----- end to end -----
 
 def _check_forward(api, seed=0, bs=4, num_blocks=16):
@@ -288,4 +335,8 @@ CASES = [
                                         SeqChunk([6, 7], 4, [0, 2], False)], 4)),
     Case("batch_random", lambda api: _check_random(api, range(128, 148))),
     Case("end_to_end_ragged_forward_equals_each_sequence_alone", _check_forward),
+    Case("slot_mapping_random_ranges",
+         lambda api: check_property(_slot_ranges(), lambda a: _check_slots(api, *a), examples=100)),
+    Case("batch_random_chunks_block_sizes_and_prefixes",
+         lambda api: check_property(_batches(), lambda a: _check_batch(api, *a), examples=100)),
 ]

@@ -6,14 +6,18 @@ the model answers that `--reference` grades (the package has no such functions: 
 The counts must come back as ints (12.0 is not a number of steps), a warning as a str, and a
 fine configuration as None; the grids hold the boundaries: a budget equal to max_num_seqs, one
 token per request (max_tokens=1), no request decoding (num_decoding=0), a prompt that fits whole.
+The last case draws settings at random (hypothesis, seeded): every function on each draw, each
+answer again against a run of the engine, the smallest setting that differs shown.
 """
 
+import functools
 import math
 from types import SimpleNamespace
 
 from nano_engine import LLMEngine, SamplingParams, Scheduler
 from nano_engine.tiny import tiny_model
 from practice.endtoend import recording
+from practice.properties import check_property, st
 from practice.worker import Case, Mismatch, require_functions
 
 MODEL = tiny_model(0)
@@ -53,17 +57,20 @@ def _run(engine):
     return steps
 
 
+@functools.lru_cache(maxsize=None)
 def measured_decodes(seqs, budget):
     steps = _run(_engine(seqs, budget, seqs + 2, 3))  # more requests than can ever run at once
     return max(sum(c.kind == "decode" for c in chunks) for chunks in steps)
 
 
+@functools.lru_cache(maxsize=None)
 def measured_steps(n, max_tokens, seqs, budget):
     engine = _engine(seqs, budget, n, max_tokens)
     _run(engine)
     return engine.stats.steps
 
 
+@functools.lru_cache(maxsize=None)
 def measured_prefill(decoding, prompt_len, seqs, budget):
     engine = _engine(seqs, budget, decoding, 8)
     engine.step()  # admits the decoding requests (their 1-token prefill)
@@ -79,17 +86,22 @@ PARAMS = {
 }
 
 
+def _compare(api, fn_name, args, measure, hint):
+    """The learner's count for args against what the engine measured; hint(args, want, got) for a wrong one."""
+    want, got = measure(*args), getattr(api, fn_name)(*args)
+    right_type = isinstance(got, int) and not isinstance(got, bool)
+    if got != want or not right_type:
+        call = f"{fn_name}({', '.join(f'{k}={v}' for k, v in zip(PARAMS[fn_name], args))})"
+        raise Mismatch(call, f"  expected {want!r}  (what the engine measured)", f"  got      {got!r}",
+                       "hint: " + (hint(*args, want, got) if got != want else
+                                   f"{fn_name} is a count: return an int, not a {type(got).__name__}"))
+
+
 def _check(fn_name, grid, measure, hint):
     """hint(args, want, got): one sentence for a wrong count."""
     def run(api):
         for args in grid:
-            want, got = measure(*args), getattr(api, fn_name)(*args)
-            right_type = isinstance(got, int) and not isinstance(got, bool)
-            if got != want or not right_type:
-                call = f"{fn_name}({', '.join(f'{k}={v}' for k, v in zip(PARAMS[fn_name], args))})"
-                raise Mismatch(call, f"  expected {want!r}  (what the engine measured)", f"  got      {got!r}",
-                               "hint: " + (hint(*args, want, got) if got != want else
-                                           f"{fn_name} is a count: return an int, not a {type(got).__name__}"))
+            _compare(api, fn_name, args, measure, hint)
     return run
 
 
@@ -110,6 +122,10 @@ def _steps_hint(n, max_tokens, seqs, budget, want, got):
     if got == waves * (max_tokens + 1):
         return ("the 1-token prefill already samples the first token: a wave takes max_tokens steps, "
                 "not max_tokens + 1")
+    if got == -(-n * max_tokens // min(seqs, budget)):
+        return (f"a request gets one token per step, so each wave takes max_tokens steps even when it is not full: "
+                f"{n * max_tokens} tokens at {min(seqs, budget)} per step counts the idle slots of the last wave "
+                "as if they worked")
     return ("requests run in waves of min(max_num_seqs, budget); a wave takes max_tokens steps (the 1-token "
             "prefill already gives the first token), and the next wave starts when it finishes")
 
@@ -130,22 +146,56 @@ def _prefill_hint(decoding, prompt_len, seqs, budget, want, got):
             "budget (chunked), and nothing while max_num_seqs requests run")
 
 
+def _compare_config(api, seqs, budget):
+    decodes = measured_decodes(seqs, budget)
+    wasteful = decodes < seqs
+    got = api.check_config(seqs, budget)
+    call = f"check_config(max_num_seqs={seqs}, max_num_batched_tokens={budget})"
+    if wasteful and not isinstance(got, str):
+        raise Mismatch(call, f"  expected a warning, a str naming {seqs} and {budget}: the engine decoded at most "
+                       f"{decodes} of {seqs} requests per step", f"  got      {got!r}",
+                       "hint: when max_num_batched_tokens < max_num_seqs, not every running request can "
+                       "decode in one step: return the warning as a str (warnings.warn returns None)")
+    if wasteful and not (str(seqs) in got and str(budget) in got):
+        raise Mismatch(call, f"  expected a warning naming both {seqs} and {budget}", f"  got      {got!r}",
+                       "hint: name both numbers, so the user knows what to change")
+    if not wasteful and got is not None:
+        raise Mismatch(call, f"  expected None: the engine decoded all {seqs} requests in one step",
+                       f"  got      {got!r}", "hint: this configuration is fine: return None")
+
+
 def _check_config(api):
     for seqs, budget in [(8, 4), (4, 8), (6, 6), (16, 15), (256, 128), (256, 8192)]:
-        wasteful = measured_decodes(seqs, budget) < seqs
-        got = api.check_config(seqs, budget)
-        call = f"check_config(max_num_seqs={seqs}, max_num_batched_tokens={budget})"
-        if wasteful and not isinstance(got, str):
-            raise Mismatch(call, f"  expected a warning, a str naming {seqs} and {budget}: the engine decoded at most "
-                           f"{measured_decodes(seqs, budget)} of {seqs} requests per step", f"  got      {got!r}",
-                           "hint: when max_num_batched_tokens < max_num_seqs, not every running request can "
-                           "decode in one step: return the warning as a str (warnings.warn returns None)")
-        if wasteful and not (str(seqs) in got and str(budget) in got):
-            raise Mismatch(call, f"  expected a warning naming both {seqs} and {budget}", f"  got      {got!r}",
-                           "hint: name both numbers, so the user knows what to change")
-        if not wasteful and got is not None:
-            raise Mismatch(call, f"  expected None: the engine decoded all {seqs} requests in one step",
-                           f"  got      {got!r}", "hint: this configuration is fine: return None")
+        _compare_config(api, seqs, budget)
+
+
+EXAMPLES = 60  # settings drawn by random_settings: about 1 s of engine runs for the reference
+
+
+@st.composite
+def _settings(draw):
+    """(max_num_seqs, budget, num_requests, max_tokens, num_decoding, prompt_len), boundaries drawn often:
+    a budget equal to max_num_seqs or one off it, max_tokens=1, no request or a full step decoding, a
+    prompt that fills what is left of the budget exactly, or one token more or less."""
+    seqs = draw(st.integers(1, 10))
+    budget = draw(st.one_of(st.just(seqs), st.integers(max(1, seqs - 1), seqs + 1), st.integers(1, 16)))
+    n, max_tokens = draw(st.integers(1, 12)), draw(st.integers(1, 4))
+    wave = min(seqs, budget)
+    decoding = draw(st.one_of(st.just(0), st.just(wave), st.integers(0, wave)))
+    left = budget - decoding
+    edges = sorted({max(1, left - 1), max(1, left), left + 1})
+    prompt_len = draw(st.one_of(st.integers(1, 24), st.sampled_from(edges)))
+    return seqs, budget, n, max_tokens, decoding, prompt_len
+
+
+def _random_settings(api):
+    def check(setting):
+        seqs, budget, n, max_tokens, decoding, prompt_len = setting
+        _compare(api, "max_decodes_per_step", (seqs, budget), measured_decodes, _decodes_hint)
+        _compare(api, "steps_to_finish", (n, max_tokens, seqs, budget), measured_steps, _steps_hint)
+        _compare(api, "prefill_tokens", (decoding, prompt_len, seqs, budget), measured_prefill, _prefill_hint)
+        _compare_config(api, seqs, budget)
+    check_property(_settings(), check, examples=EXAMPLES)
 
 
 CASES = [
@@ -158,4 +208,5 @@ CASES = [
         "prefill_tokens", [(4, 10, 8, 8), (4, 10, 8, 4), (2, 20, 4, 16), (4, 10, 4, 16), (5, 3, 8, 6),
                            (3, 2, 8, 16), (0, 10, 8, 6), (0, 5, 8, 16)], measured_prefill, _prefill_hint)),
     Case("check_config", _check_config),
+    Case("random_settings", _random_settings),
 ]

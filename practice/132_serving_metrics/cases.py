@@ -6,16 +6,20 @@ vLLM calls. Hand-made traces put values exactly on the boundaries (an SLO met wi
 one-token request, a failed one); recorded traces come from a seeded generator that plays what a
 load generator sees: Poisson arrivals, a queueing and prefill delay, decode gaps with jitter,
 chunks that carry two tokens, one-token answers and a failed request. Everything is deterministic.
+The last cases draw inputs at random (hypothesis, seeded): lists and percentiles for `percentile`,
+and whole traces with SLOs and percentiles for every function; the smallest input that differs is shown.
 """
 
 import math
 import random
+from fractions import Fraction
 from types import SimpleNamespace
 
 import numpy as np
 
 import nano_engine.benchmarks.metrics as ref
 from nano_engine.benchmarks.metrics import RequestRecord as R
+from practice.properties import check_property, st
 from practice.worker import Case, Mismatch, require_functions
 
 REFERENCE_FILE = ref.__file__
@@ -137,48 +141,80 @@ KEY_HINTS = [  # (part of a key, hint): the first that matches the key that diff
 ]
 
 
+STD_OF_EQUAL_VALUES = ("std is the population std (numpy's default, ddof=0), and these values are equal up to "
+                       "rounding: their std is 0; sqrt(mean(x²) - mean²) cancels to rounding noise there, "
+                       "sqrt(mean((x - mean)²)) does not")
+
+
 def _key_hint(key: str) -> str:
     return next((h for part, h in KEY_HINTS if part in key), "compare with the definitions in README.md")
 
 
-def check_metrics(name, trace, records, duration, slos=None, percentiles=(50, 90, 99), goodput_hint=None):
+def compare_metrics(api, trace, records, duration, slos=None, percentiles=(50, 90, 99), goodput_hint=None):
     """The learner's calculate_metrics(...) dict against the reference's, key by key.
 
     The hint names what the first key that differs measures; `goodput_hint` replaces it for goodput.
     """
-    def run(api):
-        want = ref.calculate_metrics(records, duration, slos, percentiles).to_dict()
-        got = api.calculate_metrics(records, duration, slos, percentiles)
-        head = _trace_lines(trace, records, duration) + [
-            f"calculate_metrics(duration={duration:g}, goodput_slos={slos}, percentiles={percentiles})"]
-        if not isinstance(got, dict):
-            raise Mismatch(*head, f"  expected  a dict with the keys {', '.join(list(want)[:4])}, ...",
-                           f"  got       {type(got).__name__}", "hint: return a dict named as vLLM's result JSON")
-        for key, value in want.items():  # every key first: a key written wrong may overwrite another one
-            if key not in got:
-                raise Mismatch(*head, f"  expected  the key {key!r} = {value!r}", "  got       no such key",
-                               "hint: the keys are vLLM's: mean_ttft_ms, p99_itl_ms (for p = 99 or 99.0), "
-                               "p99.9_e2el_ms, ...")
-        for key, value in want.items():
-            if not _close(value, got[key]):
-                raise Mismatch(*head, f"  {key}", f"  expected  {value!r}", f"  got       {got[key]!r}",
-                               "hint: " + (goodput_hint if goodput_hint and key == "request_goodput"
-                                           else _key_hint(key)))
-    return Case(name, run)
+    want = ref.calculate_metrics(records, duration, slos, percentiles).to_dict()
+    got = api.calculate_metrics(records, duration, slos, percentiles)
+    head = _trace_lines(trace, records, duration) + [
+        f"calculate_metrics(duration={duration:g}, goodput_slos={slos}, percentiles={percentiles})"]
+    if not isinstance(got, dict):
+        raise Mismatch(*head, f"  expected  a dict with the keys {', '.join(list(want)[:4])}, ...",
+                       f"  got       {type(got).__name__}", "hint: return a dict named as vLLM's result JSON")
+    for key, value in want.items():  # every key first: a key written wrong may overwrite another one
+        if key not in got:
+            raise Mismatch(*head, f"  expected  the key {key!r} = {value!r}", "  got       no such key",
+                           "hint: the keys are vLLM's: mean_ttft_ms, p99_itl_ms (for p = 99 or 99.0), "
+                           "p99.9_e2el_ms, ...; a percentile's number is str(int(p)) when p is whole, else str(p)")
+    for key, value in want.items():
+        if not _close(value, got[key]):
+            raise Mismatch(*head, f"  {key}", f"  expected  {value!r}", f"  got       {got[key]!r}",
+                           "hint: " + (goodput_hint if goodput_hint and key == "request_goodput"
+                                       else STD_OF_EQUAL_VALUES if key.startswith("std_") and abs(value) < 1e-6
+                                       else _key_hint(key)))
 
 
-def check_per_request(name, fn, traces, hint):
+def check_metrics(name, trace, records, duration, slos=None, percentiles=(50, 90, 99), goodput_hint=None):
+    """A case: compare_metrics on one trace."""
+    return Case(name, lambda api: compare_metrics(api, trace, records, duration, slos, percentiles, goodput_hint))
+
+
+PER_REQUEST_HINTS = {
+    "ttft": "TTFT = arrival of the first chunk that carried output - start",
+    "e2el": "E2EL = end - start, the whole request as the client saw it",
+    "itls": "ITL = the gaps between consecutive chunks; TTFT is not an inter-token gap, "
+            "and a chunk of several tokens is still one gap",
+    "tpot": "TPOT = (E2EL - TTFT) / (output_tokens - 1): the first token is TTFT's; "
+            "a request of one output token has no TPOT (None)",
+}
+
+
+def compare_request(api, fn, trace_name, i, r):
+    """The learner's fn(record) against the reference's, on one successful request."""
+    want, got = getattr(ref, fn)(r), getattr(api, fn)(r)
+    if not _close(want, got):
+        raise Mismatch(f"trace {trace_name}, request {i}: {_show(r)}", f"  {fn}(request)",
+                       f"  expected  {want!r}", f"  got       {got!r}", "hint: " + PER_REQUEST_HINTS[fn])
+
+
+def check_per_request(name, fn, traces):
     """The learner's fn(record) against the reference's, on every successful request."""
     def run(api):
         for trace_name, (records, _) in traces.items():
             for i, r in enumerate(records):
-                if not r.success:
-                    continue
-                want, got = getattr(ref, fn)(r), getattr(api, fn)(r)
-                if not _close(want, got):
-                    raise Mismatch(f"trace {trace_name}, request {i}: {_show(r)}", f"  {fn}(request)",
-                                   f"  expected  {want!r}", f"  got       {got!r}", "hint: " + hint)
+                if r.success:
+                    compare_request(api, fn, trace_name, i, r)
     return Case(name, run)
+
+
+def compare_percentile(api, values, p, shown=None):
+    want, got = float(np.percentile(values, p)), api.percentile(list(values), p)
+    if not _close(want, got):
+        raise Mismatch(f"percentile({values if shown is None else shown}, {p})",
+                       f"  expected  {want!r}", f"  got       {got!r}",
+                       "hint: sort, then take rank (n - 1) * p / 100 and interpolate linearly between "
+                       "the two values around it (numpy's default); nearest rank is another definition")
 
 
 def check_percentiles(name):
@@ -189,29 +225,117 @@ def check_percentiles(name):
     def run(api):
         for values, ps in grid:
             for p in ps:
-                want, got = float(np.percentile(values, p)), api.percentile(list(values), p)
-                if not _close(want, got):
-                    raise Mismatch(f"percentile({values if len(values) < 8 else '[1.0, 2.0, ..., 100.0]'}, {p})",
-                                   f"  expected  {want!r}", f"  got       {got!r}",
-                                   "hint: sort, then take rank (n - 1) * p / 100 and interpolate linearly between "
-                                   "the two values around it (numpy's default); nearest rank is another definition")
+                compare_percentile(api, values, p, None if len(values) < 8 else "[1.0, 2.0, ..., 100.0]")
     return Case(name, run)
+
+
+# ----- random inputs -----
+
+# A percentile: an int, the same as a float (99.0), or a fraction of one or two decimals (99.9, 12.5, 0.05).
+PERCENTILE = st.one_of(st.integers(0, 100), st.integers(0, 100).map(float), st.integers(0, 1000).map(lambda k: k / 10),
+                       st.integers(0, 10000).map(lambda k: k / 100))
+PERCENTILES = st.lists(PERCENTILE, min_size=1, max_size=4, unique_by=float).map(tuple)
+
+
+@st.composite
+def values_and_percentile(draw):
+    """A list for percentile: one value or several, unsorted, often with ties."""
+    pool = draw(st.lists(st.integers(0, 3000).map(lambda k: k / 1000), min_size=1, max_size=4))
+    values = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=10))
+    return values, draw(PERCENTILE)
+
+
+def _gap(unit: int) -> st.SearchStrategy:
+    return st.integers(0, max(2, unit // 20))  # up to 50 ms between chunks, or 1/4 s on the clock of 1/8 s
+
+
+def _steady(ticks: int, other: st.SearchStrategy) -> st.SearchStrategy:
+    return st.integers(0, 3).flatmap(lambda k: other if k == 3 else st.just(ticks))  # ticks three times in four
+
+
+@st.composite
+def request(draw, unit: int, first: int, pace: int) -> R:
+    """One request on a clock of 1/unit s. Its first chunk comes `first` ticks after its start and its chunks
+    `pace` ticks apart, as a steady server gives (equal values, not equal in binary on a clock of 1 ms), or
+    at other times; ties (a chunk at its start, two chunks at once, the end at the last chunk) come often;
+    chunks may carry two tokens or more; one-token answers; a failure now and then."""
+    start = draw(st.integers(0, 3 * unit))
+    t = lambda k: k / unit  # noqa: E731
+    prompt = draw(st.integers(0, 500))
+    if draw(st.integers(0, 5)) == 5:
+        return R(start=t(start), chunk_times=[], end=t(start + draw(st.integers(0, unit))), prompt_tokens=prompt,
+                 output_tokens=0, success=False, error="Connection reset")
+    tokens = draw(st.integers(1, 8))
+    gaps = draw(st.lists(_steady(pace, _gap(unit)), max_size=tokens - 1))
+    chunks = [start + draw(_steady(first, st.integers(0, unit)))]
+    for gap in gaps:
+        chunks.append(chunks[-1] + gap)
+    end = chunks[-1] + draw(st.one_of(st.just(0), st.integers(0, max(1, unit // 100))))
+    return R(start=t(start), chunk_times=[t(c) for c in chunks], end=t(end), prompt_tokens=prompt,
+             output_tokens=tokens)
+
+
+def _exact_ms(seconds: float) -> bool:
+    """seconds * 1000 and back are exact: an SLO placed on such a value is met by v <= slo / 1000 and by
+    v * 1000 <= slo alike (the comparison does not hang on a rounding)."""
+    return Fraction(seconds * 1000) == Fraction(seconds) * 1000 and (seconds * 1000) / 1000 == seconds
+
+
+@st.composite
+def trace(draw):
+    """(records, duration, slos, percentiles). On a clock of 1/8 s every time, TTFT and E2EL are exact in
+    binary, so SLOs are drawn right on a request's value (met with equality) or on a 62.5 ms grid; on a
+    clock of 1 ms (as recorded) an SLO is never within a microsecond of a value, where rounding would decide."""
+    unit = draw(st.sampled_from([8, 1000]))
+    first, pace = draw(st.integers(0, unit)), draw(_gap(unit))
+    records = draw(st.lists(request(unit, first, pace), min_size=1, max_size=6))
+    duration = (round(max(r.end for r in records) * unit) + draw(st.integers(1, unit))) / unit
+    done = [r for r in records if r.success]
+    values = {name: [v(r) for r in done] for name, v in
+              (("ttft", ref.ttft), ("tpot", lambda r: ref.tpot(r) or 0.0), ("e2el", ref.e2el))}
+    kind = draw(st.sampled_from(["none", "empty", "slos", "slos", "slos"]))
+    if kind != "slos":
+        return records, duration, None if kind == "none" else {}, draw(PERCENTILES)
+    slos = {}
+    for name in draw(st.lists(st.sampled_from(["ttft", "tpot", "e2el"]), min_size=1, max_size=3, unique=True)):
+        if unit == 8:
+            on_value = [v * 1000 for v in values[name] if _exact_ms(v)]
+            slo = draw(st.sampled_from(on_value) if on_value and draw(st.booleans()) else
+                       st.integers(0, 40).map(lambda k: k * 62.5))
+        else:
+            slo = draw(st.integers(0, 2000)) + 0.5
+            if any(abs(v * 1000 - slo) < 1e-3 for v in values[name]):
+                slo += 0.2  # a TPOT of x.5 ms (an even number of gaps): move off it
+        slos[name] = slo
+    return records, duration, slos, draw(PERCENTILES)
+
+
+def _random_percentiles(api):
+    check_property(values_and_percentile(), lambda vp: compare_percentile(api, *vp), examples=PERCENTILE_EXAMPLES)
+
+
+def _random_traces(api):
+    def check(drawn):
+        records, duration, slos, percentiles = drawn
+        for i, r in enumerate(records):
+            if r.success:
+                for fn in ("ttft", "e2el", "itls", "tpot"):
+                    compare_request(api, fn, "random", i, r)
+        compare_metrics(api, "random", records, duration, slos, percentiles)
+    check_property(trace(), check, examples=TRACE_EXAMPLES)
+
+
+PERCENTILE_EXAMPLES, TRACE_EXAMPLES = 200, 150  # about 0.5 s and 1 s of CPU for the reference
 
 
 HAND, HAND_F = ("A-B-C", hand(), 4.0), ("A-B-C-failed", hand_with_failure(), 4.0)
 TRACES = {"A-B-C": HAND[1:], "A-B-C-failed": HAND_F[1:], "recorded seed 1": recorded(1)}
 
 CASES = [
-    check_per_request("ttft_is_first_chunk_minus_start", "ttft", TRACES,
-                      "TTFT = arrival of the first chunk that carried output - start"),
-    check_per_request("e2el_is_end_minus_start", "e2el", TRACES,
-                      "E2EL = end - start, the whole request as the client saw it"),
-    check_per_request("itls_are_the_gaps_between_chunks", "itls", TRACES,
-                      "ITL = the gaps between consecutive chunks; TTFT is not an inter-token gap, "
-                      "and a chunk of several tokens is still one gap"),
-    check_per_request("tpot_divides_by_output_tokens_minus_one", "tpot", TRACES,
-                      "TPOT = (E2EL - TTFT) / (output_tokens - 1): the first token is TTFT's; "
-                      "a request of one output token has no TPOT (None)"),
+    check_per_request("ttft_is_first_chunk_minus_start", "ttft", TRACES),
+    check_per_request("e2el_is_end_minus_start", "e2el", TRACES),
+    check_per_request("itls_are_the_gaps_between_chunks", "itls", TRACES),
+    check_per_request("tpot_divides_by_output_tokens_minus_one", "tpot", TRACES),
     check_percentiles("percentile_interpolates_linearly"),
     check_metrics("throughputs_divide_by_the_given_duration", *HAND),
     check_metrics("failed_requests_are_counted_and_left_out", *HAND_F),
@@ -238,4 +362,6 @@ CASES = [
                     *recorded(seed, rate=rate),
                     slos={"ttft": 300, "tpot": 32, "e2el": 1500}, percentiles=(50, 90, 99))
       for seed, rate in ((1, 4.0), (2, 16.0), (3, 1.0))],
+    Case("random_percentiles", _random_percentiles),
+    Case("random_traces", _random_traces),
 ]

@@ -6,16 +6,18 @@ the first block only); `longest_cached_prefix` must find what the scheduler's ad
 (exactly k blocks, k blocks + 1 token, a miss in the middle, salts, an empty cache, block size 1),
 then seeded random inputs, then the scheduler without a model and the engine on a tiny model
 with the learner's two functions in place: every lookup is checked as it happens, and every
-step's chunk starts, block tables and hits must equal the reference run's.
+step's chunk starts, block tables and hits must equal the reference run's. Last, hypothesis draws
+random inputs for both functions, and the smallest one that differs is shown.
 """
 
 import random
 from types import SimpleNamespace
 
 import nano_engine.paged as ref
-from practice.hashcheck import (Req, check_chain, check_engine, check_play, check_prefix, make_cache,
-                                random_workload, reference_lookup)
-from practice.worker import Case, Mismatch, require_functions
+from practice.hashcheck import (Req, chain_inputs, check_chain, check_engine, check_play, check_prefix,
+                                check_random_lookup, lookup_inputs, make_cache, random_workload, reference_lookup)
+from practice.properties import check_property
+from practice.worker import Case, require_functions
 
 REFERENCE_FILE = ref.__file__
 NAMES = ("hash_chain", "longest_cached_prefix")
@@ -80,21 +82,6 @@ def _random_lookups(seed, count):
     return Case(f"random_lookups_seed_{seed}", run)
 
 
-def _returns_lists(api):
-    """The functions' own return values, unconverted: lists (-> list[bytes], -> list[int]), as the statement's
-    signatures say; the other cases compare values only."""
-    tokens = _t(9)
-    cached = {h: 10 + i for i, h in enumerate(ref.block_hashes(tokens, 4))}
-    for call, got in ((f"hash_chain({_t(9)}, 4)", api.hash_chain(list(tokens), 4, None)),
-                      (f"longest_cached_prefix({_t(9)}, 4, <its 2 full blocks cached in blocks 10, 11>)",
-                       api.longest_cached_prefix(list(tokens), 4, dict(cached), None))):
-        if type(got) is not list:
-            raise Mismatch(f"{call} returned a {type(got).__name__}", "  expected a list",
-                           f"  got      {got!r}",
-                           "hint: both functions return a list (hash_chain -> list[bytes], longest_cached_prefix -> "
-                           "list[int]): the request keeps its hashes and its block table as lists")
-
-
 A = _t(12)  # three blocks of 4
 SALTED = [(A, "alice")]
 CASES = [
@@ -124,7 +111,6 @@ CASES = [
     lookups("two_prompts_sharing_a_prefix", [(A + [1, 2, 3, 4], None), (A[:8] + [7, 7, 7, 7, 7], None)],
             [(A[:8] + [7, 7, 7, 7, 7], None), (A[:8] + [7, 7, 7, 7], None), (A + [1, 2, 3], None)], 4),
     *[_random_lookups(seed, 40) for seed in (1, 2)],
-    Case("both_functions_return_lists", _returns_lists),
     Case("scheduler_shared_system_prompt_and_salts",
          lambda api: check_play(api, [
              Req("r0", A + [40, 41, 42], 3, outputs=[5, 6, 7], note="S (12) + 3"),
@@ -146,4 +132,9 @@ CASES = [
                                                            label=f"random requests (seed {seed})"))
       for seed, bs, nb in ((1, 4, 40), (2, 2, 30), (3, 1, 60), (4, 4, 14))],
     Case("engine_on_a_tiny_model", lambda api: check_engine(api, seed=5)),
+    # Random inputs drawn by hypothesis; the smallest that differs is shown.
+    Case("random_hash_chains",
+         lambda api: check_property(chain_inputs(), lambda v: check_chain(api, *v), examples=100)),
+    Case("random_cached_prefixes",
+         lambda api: check_property(lookup_inputs(), lambda v: check_random_lookup(api, v), examples=100)),
 ]

@@ -8,13 +8,15 @@ stays held, the least recently used system prompt goes first, a hit renews a pre
 request hits its own head, a failed admission changes nothing, the room counts free hit blocks,
 the hit is touched before allocating, a duplicate block and the partial tail released together go to
 the front tail first); seeded random scripts mix them on small pools; the engine then runs on a tiny
-model with the learner's release.
+model with the learner's release. Last, hypothesis draws random scripts, and the smallest one that
+differs is shown.
 """
 
 from types import SimpleNamespace
 
 from practice import evictcheck as ec
-from practice.evictcheck import check_engine, play_script, random_script, script
+from practice.evictcheck import check_engine, play_random, play_script, random_script, request_scripts, script
+from practice.properties import check_property
 from practice.worker import Case, require_functions
 
 REFERENCE_FILE = ec.__file__
@@ -98,4 +100,8 @@ CASES = [
     randomized(4, 5, 1, 60),
     randomized(5, 8, 3, 100),
     Case("end_to_end_engine_with_your_release", lambda api: check_engine(api, seed=4)),
+    # Random whole requests drawn by hypothesis (equal prompts, blocks computed twice, partial tails,
+    # decodes, preemptions, several finishing in a row); the smallest script that differs is shown.
+    Case("random_requests",
+         lambda api: check_property(request_scripts(), lambda value: play_random(api, value), examples=100)),
 ]

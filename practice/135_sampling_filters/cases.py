@@ -2,21 +2,26 @@
 
 Hand-made boundaries first, one rule per case (top-k and its ties, top-p and the token that crosses,
 min-p relative to the top probability, their order, temperature and greedy), each with the hint of
-its rule; then seeded random logits and parameters. The set of kept tokens must be exactly the
-reference's, the kept logits unchanged and the probabilities equal to 1e-6; the input must come back
-untouched. The tokens a distribution can draw must be exactly the reference's too, however small their
-probability. Random cases avoid inputs whose cumulative probability or min-p ratio falls within 1e-6
-of the threshold, where float rounding alone could decide.
+its rule; then two property cases (practice.properties): logits and parameters drawn by hypothesis,
+and the smallest input that differs shown, with the rules its parameters switch on as the hint. The
+set of kept tokens must be exactly the reference's, the kept logits unchanged and the probabilities
+equal to 1e-6; the input must come back untouched. The tokens a distribution can draw must be exactly
+the reference's too, however small their probability. Random inputs that float rounding alone could
+decide are skipped (_fragile): a cumulative probability or min-p ratio within 1e-5 of its threshold, a
+probability that logits / T in float32 moves by more than 1e-7, one near the drawable limit.
 """
 
 import math
-import random
+import operator
+from functools import partial
 from types import SimpleNamespace
 
 import torch
+from hypothesis import assume
 
 import nano_engine.sampling as ref
 from nano_engine.request import SAMPLING_EPS
+from practice.properties import check_property, st
 from practice.worker import Case, Mismatch, require_functions
 
 REFERENCE_FILE = ref.__file__
@@ -110,39 +115,119 @@ def _is_probs(values) -> bool:
     return all(0 < v <= 1 for v in values) and abs(sum(values) - 1) < 1e-9
 
 
+MARGIN = 1e-5  # how close to a threshold float rounding could decide (float32 sums of up to 104 terms: < 7e-6)
+
+
 def _fragile(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float) -> bool:
-    """Whether a threshold falls within 1e-6 of a probability or cumulative sum (float64, independent)."""
+    """Whether float rounding alone could decide this input, computed in float64 apart from any solution:
+    logits / T rounded to float32 moving a probability by more than 1e-7, two different logits within
+    rounding of each other, a min-p ratio or a cumulative probability within MARGIN of its threshold, a
+    final probability near DRAWABLE."""
     if temperature < SAMPLING_EPS:
         return False
-    probs = (logits.double() / temperature).softmax(-1)
-    if min_p > 0 and ((probs - min_p * probs.max()).abs() < 1e-6).any():
+    x = logits.double() / temperature
+    error = (logits.float() / temperature).double() - x  # what dividing in float32 moves each logit by
+    ratio = (x - x.max()).exp()  # each probability / the largest one (before any filter)
+    relevant = error[ratio > 1e-9]
+    if relevant.max() - relevant.min() > 1e-7:
         return True
-    probs = torch.where(probs < min_p * probs.max(), 0.0, probs)
-    if 0 < top_k < len(probs):
-        probs = torch.where(probs < probs.topk(top_k).values[-1], 0.0, probs)
+    distinct = x.unique()
+    if (distinct.diff() < 1e-6 * distinct[1:].abs().clamp(min=1.0)).any():
+        return True
+    keep = torch.ones_like(x, dtype=torch.bool)
+    if min_p > 0:
+        if ((ratio - min_p).abs() < MARGIN)[x != x.max()].any():
+            return True
+        keep &= ratio >= min_p
+    if 0 < top_k < len(x):
+        values = x[keep].sort(descending=True).values
+        keep &= x >= (values[top_k - 1] if top_k <= len(values) else -math.inf)
+    probs = torch.where(keep, ratio, 0.0)
     probs = probs / probs.sum()
-    before = probs.sort(descending=True).values.cumsum(0) - probs.sort(descending=True).values
-    return top_p < 1 and bool(((before - top_p).abs() < 1e-6).any())
+    if top_p < 1:
+        ordered, order = probs.sort(descending=True, stable=True)
+        before = ordered.cumsum(0) - ordered
+        if ((before - top_p).abs() < MARGIN)[1:].any():
+            return True
+        drop = before >= top_p
+        drop[0] = False
+        probs = torch.where(torch.zeros_like(drop).scatter(0, order, drop), 0.0, probs)
+        probs = probs / probs.sum()
+    return bool(((probs > DRAWABLE / 100) & (probs < DRAWABLE * 100)).any())
 
 
-def random_cases(seed: int, count: int) -> Case:
-    def run(api):
-        rng = random.Random(seed)
-        done = 0
-        while done < count:
-            v = rng.randint(3, 12)
-            logits = torch.tensor([round(rng.gauss(0, 2), 1) for _ in range(v)])  # rounded: ties happen
-            t = rng.choice([0.0, 0.3, 0.7, 1.0, 1.0, 1.5, 3.0])
-            k = rng.choice([0, 0, 1, 2, 3, 5, v, v + 2])
-            p = rng.choice([1.0, 1.0, 0.9, 0.75, 0.5, 0.2, 0.05])
-            m = rng.choice([0.0, 0.0, 0.05, 0.1, 0.3, 0.8])
-            if _fragile(logits, t, k, p, m) or _fragile(logits, 1.0, k, p, m):
-                continue
-            done += 1
-            hint = "the order is: temperature (below 1e-5: greedy), then min-p, then top-k, then top-p, then softmax"
-            check_filter(api, logits, k, p, m, hint)
-            check_distribution(api, logits, t, k, p, m, hint)
-    return Case(f"random_logits_and_parameters_seed_{seed}", run)
+def _nth(k: int) -> str:
+    return f"{k}{'th' if 10 <= k % 100 < 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
+
+
+def _rules(v: int, temperature: float | None, top_k: int, top_p: float, min_p: float) -> str:
+    """The rules that decide this call, in their order: the hint of a random input."""
+    if temperature is not None and temperature < SAMPLING_EPS:
+        return (f"temperature {temperature:g} is below 1e-5: greedy, all the probability on the largest logit (the "
+                f"first one if several tie), whatever top_k, top_p and min_p say")
+    steps = [f"divide the logits by the temperature {temperature:g}"] if temperature is not None else []
+    if min_p > 0:
+        steps.append(f"min-p {min_p:g}: drop the tokens whose probability is strictly below {min_p:g} x the largest "
+                     f"probability")
+    if 0 < top_k < v:
+        steps.append(f"top-k {top_k}: keep every logit >= the {_nth(top_k)} largest, counting equal logits one by "
+                     f"one (ties at the {_nth(top_k)} all stay)")
+    if top_p < 1:
+        steps.append(f"top-p {top_p:g}: over the probabilities left, renormalized, most likely first (equal ones: the "
+                     f"smaller id first), drop a token once the ones before it reach {top_p:g}")
+    off = [name for name, on in ((f"top_k {top_k}" + (" (at least the vocabulary size)" if top_k else ""),
+                                  not 0 < top_k < v), ("top_p 1", top_p >= 1), ("min_p 0", min_p <= 0)) if on]
+    if temperature is not None:
+        steps.append("softmax")
+    if not steps:
+        return (f"every filter is off ({', '.join(off)}): every token keeps its logit, however small its "
+                f"probability")
+    return "in this order: " + "; then ".join(steps) + (
+        f" ({', '.join(off)}: off, {'they drop' if len(off) > 1 else 'it drops'} no token, however small its "
+        f"probability)" if off else "")
+
+
+TIES = (0.0, 1.0, -1.0, 2.0, 0.5, -3.0)
+TEMPERATURES = (1.0, 0.0, 1e-6, 1e-5, 0.5, 2.0, 0.1, 10.0, 1000.0)
+
+
+@st.composite
+def _calls(draw, with_temperature: bool):
+    """(logits, temperature or None, top_k, top_p, min_p). 1 to 8 runs of equal logits, each of 1 to 13 tokens
+    (up to 104 in all), from a few values (ties) or a grid of 41 spread over 2 to 100 (probabilities down to
+    1e-44); each parameter at its corners and between."""
+    if draw(st.booleans()):
+        value = st.integers(-20, 20).map(partial(operator.mul, draw(st.sampled_from((0.05, 0.25, 1.25, 2.5)))))
+    else:
+        value = st.sampled_from(TIES)
+    runs = draw(st.lists(st.tuples(value, st.sampled_from((1, 1, 1, 2, 5, 13))), min_size=1, max_size=8))
+    values = [x for x, n in runs for _ in range(n)]
+    v = len(values)
+    t = draw(st.sampled_from(TEMPERATURES)) if with_temperature else None
+    # Each filter off about a third of the time (its first value, where shrinking goes), so that one filter at
+    # a time decides too.
+    k = draw(st.sampled_from((0, 1, 2, 3, 0, 2, 3, v, v + 1)))
+    p = draw(st.sampled_from((1.0, 0.5, 1.0, 0.9, 0.2, 1.0, 1e-9, 0.75, 0.99)))
+    m = draw(st.sampled_from((0.0, 0.1, 0.0, 1.0, 0.3, 0.0, 0.05, 0.8)))
+    return torch.tensor(values), t, k, p, m
+
+
+def random_filters(examples: int) -> Case:
+    def check(api, call):
+        logits, _, k, p, m = call
+        assume(not _fragile(logits, 1.0, k, p, m))
+        check_filter(api, logits, k, p, m, _rules(len(logits), None, k, p, m))
+    return Case("random_logits_filter_logits",
+                lambda api: check_property(_calls(False), lambda call: check(api, call), examples=examples))
+
+
+def random_distributions(examples: int) -> Case:
+    def check(api, call):
+        logits, t, k, p, m = call
+        assume(not _fragile(logits, t, k, p, m))
+        check_distribution(api, logits, t, k, p, m, _rules(len(logits), t, k, p, m))
+    return Case("random_logits_distribution",
+                lambda api: check_property(_calls(True), lambda call: check(api, call), examples=examples))
 
 
 L = [2.0, 1.0, 0.0, -1.0, -2.0]
@@ -217,5 +302,6 @@ CASES = [
                    ([1.0, 1.0 + 1e-6, 0.0], 1e-9, 0, 1.0, 0.0)],
                   "temperatures below 1e-5 (SAMPLING_EPS) are greedy too, since dividing by them overflows; 1e-5 "
                   "itself is not greedy"),
-    *[random_cases(seed, 60) for seed in (135, 136)],
+    random_filters(150),
+    random_distributions(150),
 ]

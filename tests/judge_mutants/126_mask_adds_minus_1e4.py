@@ -1,0 +1,28 @@
+"""Mutant of exercise 126: the mask adds -10000 to the hidden scores (as GPT-2's code once did) instead of -inf.
+
+exp(-10000) is 0 next to scores of a few units, so nothing shows; a key after the query whose score
+is over 10000 above the visible ones still gets weight.
+"""
+
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from model_126 import apply_rope  # noqa: E402, F401
+
+EXPECTED_HINT = "a finite mask value (-1e4, even -1e9) can lose to scores this large"
+EXPECTED_CASE = "attention_random_"
+
+
+def attention(q, k, v, num_cached):
+    T, nh, hd = q.shape
+    L, nkv = k.shape[0], k.shape[1]
+    k = k.repeat_interleave(nh // nkv, dim=1)
+    v = v.repeat_interleave(nh // nkv, dim=1)
+    scores = torch.einsum("thd,lhd->htl", q, k) / math.sqrt(hd)
+    mask = torch.ones(T, L, dtype=torch.bool).tril(diagonal=num_cached)
+    probs = (scores - 10000.0 * (~mask)).softmax(dim=-1)  # MUTANT: a finite -10000, not -inf
+    return torch.einsum("htl,lhd->thd", probs, v)
