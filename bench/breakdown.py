@@ -23,6 +23,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from nano_engine import Transformer  # noqa: E402
+from nano_engine.kernels.linear import can_prepack  # noqa: E402
 
 import systems as S  # noqa: E402
 from workloads import WORKLOADS  # noqa: E402
@@ -61,7 +62,7 @@ def main(argv=None) -> int:
     if head:
         w = w.head(int(head.rstrip("]")))
     for dt in args.dtypes.split(","):
-        model = Transformer.from_pretrained(dtype=getattr(torch, dt), prepack=args.prepack and dt == "float32")
+        model = Transformer.from_pretrained(dtype=getattr(torch, dt), prepack=args.prepack and can_prepack(getattr(torch, dt)))
         system = S.NanoEngine(dt, model)
         system.run(w)  # warm-up
         with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -50,7 +50,8 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from nano_engine import Transformer, generate  # noqa: E402
 from nano_engine import mini_llm  # noqa: E402
-from nano_engine.mini_llm import ONEDNN_FP32  # noqa: E402
+from nano_engine.kernels.linear import can_prepack  # noqa: E402
+from nano_engine.kernels.linear import ONEDNN_FP32  # noqa: E402
 
 import roofline  # noqa: E402
 import systems as S  # noqa: E402
@@ -71,10 +72,14 @@ def cpu_name() -> str:
 
 def reference(model: Transformer, w: Workload, fresh: bool) -> list[list[int]]:
     """Each request alone through mini_llm.generate. Cached per request, in a file per machine,
-    torch version, dtype and model code, so that later runs and subsets reuse it."""
+    torch version, dtype and every source that can change a bit (the model, attention, sampling,
+    the kernels), so that later runs and subsets reuse it."""
+    package = Path(mini_llm.__file__).parent
+    sources = sorted([package / "mini_llm.py", package / "attention.py", package / "sampling.py",
+                      *(package / "kernels").rglob("*.py"), *(package / "kernels").rglob("*.cpp")])
+    code = hashlib.sha256(b"".join(f.read_bytes() for f in sources)).hexdigest()
     env = json.dumps([str(model.dtype), torch.__version__, ONEDNN_FP32, cpu_name(), torch.get_num_threads(),
-                      hashlib.sha256(Path(mini_llm.__file__).read_bytes()).hexdigest(),
-                      getattr(model, "name_or_path", "")] + (["prepacked"] if model.prepacked else []))
+                      code, getattr(model, "name_or_path", "")] + (["prepacked"] if model.prepacked else []))
     path = CACHE / f"reference-{hashlib.sha256(env.encode()).hexdigest()[:16]}.json"
     known = json.loads(path.read_text()) if path.is_file() and not fresh else {}
     keys = [hashlib.sha256(json.dumps([list(r.prompt_ids), r.max_tokens, r.ignore_eos]).encode()).hexdigest()
@@ -344,7 +349,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="threads for torch, llama.cpp and vLLM")
     ap.add_argument("--fresh-reference", action="store_true", help="recompute the generate references")
     ap.add_argument("--prepack", action="store_true",
-                    help="nano_engine float32 on weights packed for oneDNN at load time (Transformer.prepack), "
+                    help="nano_engine on weights packed at load time (Transformer.prepack: float32 for oneDNN, "
+                         "bfloat16 for AMX where the CPU has it), "
                          "as vLLM does on CPU; its reference is generate on the same packed weights")
     ap.add_argument("--attention-backend", choices=["torch", "c"], default="torch",
                     help="nano_engine's attention: the chapters' PyTorch code, or c, the kernel that reads "
@@ -365,7 +371,7 @@ def main(argv=None) -> int:
           f"load average {os.getloadavg()[0]:.1f} at start")
     res = dict(cpu=cpu_name(), threads=threads, torch=torch.__version__, load_start=os.getloadavg()[0],
                prepack=args.prepack, attention_backend=args.attention_backend, workloads={}, roofline={})
-    models = {dt: Transformer.from_pretrained(dtype=getattr(torch, dt), prepack=args.prepack and dt == "float32")
+    models = {dt: Transformer.from_pretrained(dtype=getattr(torch, dt), prepack=args.prepack and can_prepack(getattr(torch, dt)))
               for dt in dtypes}
     bench = Bench(args, models)
     bench.reps = 2 if args.quick else args.reps

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import checks
-from .kernels.linear import ONEDNN_FP32, PackedWeight, linear
+from .kernels.linear import PackedWeight, can_prepack, linear
 
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -266,12 +266,13 @@ class Transformer(nn.Module):
                         prepack: bool = False) -> "Transformer":
         """Load a Hugging Face folder or a GGUF file; None means $NANO_ENGINE_MODEL or the embedded
         model. `dtype`: torch.float32 / bfloat16 / float16 / float64, or a name ("bf16", ...).
-        `prepack`: reorder the float32 matmul weights for oneDNN once (see `prepack`)."""
+        `prepack`: pack the matmul weights once for their fast kernel (see `prepack`)."""
         from .models.loading import check_weights, load_checkpoint, resolve_dtype, resolve_model_path
 
         dtype = resolve_dtype(dtype)  # before the load: a wrong dtype must not cost seconds
-        if checks.flag("prepack", prepack) and dtype != torch.float32:
-            raise ValueError(f"prepack=True needs dtype float32, got {dtype}")
+        if checks.flag("prepack", prepack) and not can_prepack(dtype):
+            raise ValueError(f"prepack=True has no kernel for dtype {dtype} on this machine: float32 needs "
+                             "oneDNN, bfloat16 a CPU with AMX")
         path = resolve_model_path(path)
         hf_config, state = load_checkpoint(path)
         cfg = ModelConfig.from_hf(hf_config)
@@ -320,15 +321,14 @@ class Transformer(nn.Module):
                    for o, a, w in self.linear_sites())
 
     def prepack(self) -> "Transformer":
-        """The fast path for float32 (a setting, off by default): reorder each matmul's weight once
-        into oneDNN's blocked layout, as vLLM does on CPU, so that no step pays for the reorder.
-        Costs a second copy of the matmul weights. The plain path stays the reference: the
-        tests check that both give the same tokens. Needs a float32 model and oneDNN."""
-        if self.dtype != torch.float32:
-            raise ValueError(f"prepack needs a float32 model; this one is {self.dtype} "
-                             f"(oneDNN's packed bfloat16 / float16 kernels need CPU features this path does not check)")
-        if not ONEDNN_FP32:
-            raise RuntimeError("prepack needs PyTorch's oneDNN (torch.backends.mkldnn), which this build lacks")
+        """The fast path (a setting, off by default): pack each matmul's weight once for its kernel,
+        as vLLM does on CPU, so that no step pays for it. float32: oneDNN's blocked layout;
+        bfloat16 on a CPU with AMX: tiles for csrc/gemm_amx.cpp, the same bits for a row at every
+        row count. Costs a second copy of the matmul weights. The plain path stays the reference:
+        the tests check that both give the same tokens."""
+        if not can_prepack(self.dtype):
+            raise ValueError(f"prepack has no kernel for a {str(self.dtype).removeprefix('torch.')} model on this "
+                             "machine: float32 needs PyTorch's oneDNN, bfloat16 a CPU with AMX")
         for owner, attr, weight in self.linear_sites():
             setattr(owner, attr, PackedWeight(weight))
         return self

@@ -1,4 +1,5 @@
-"""The float32 fast path (Transformer.prepack): oneDNN reads weights packed once at load time.
+"""The float32 fast path (Transformer.prepack): oneDNN reads weights packed once at load time
+(bfloat16 on AMX: tests/test_linear_amx.py).
 
 It is a setting; the plain path stays the reference. What it must keep: every row gets the bits
 it gets alone (the engine's identity rests on it), the same greedy tokens as the plain path, and
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from nano_engine import mini_llm
+from nano_engine.kernels import linear as linear_module
 from nano_engine.lab.experiments import CHAT_PROMPTS, identity_check
 from nano_engine.models.loading import chat_prompt_ids, load_tokenizer
 from nano_engine.mini_llm import PackedWeight, Transformer, generate, linear
@@ -114,16 +116,15 @@ def test_a_changed_weight_is_never_read_from_a_stale_pack():
     assert model(x, torch.arange(3)).dtype == torch.float64
 
 
-def test_prepack_refuses_other_dtypes_non_flags_and_a_torch_without_onednn(monkeypatch):
-    with pytest.raises(ValueError, match="float32.*bfloat16"):
-        tiny_model(dtype=torch.bfloat16).prepack()
+def test_prepack_refuses_dtypes_without_a_kernel_non_flags_and_a_torch_without_onednn(monkeypatch):
+    with pytest.raises(ValueError, match="float16"):
+        tiny_model(dtype=torch.float16).prepack()
     with pytest.raises(TypeError, match="prepack='yes'"):
         Transformer.from_pretrained(prepack="yes")
-    with pytest.raises(ValueError, match="prepack=True .*float32"):
-        Transformer.from_pretrained(dtype="bf16", prepack=True)
-    monkeypatch.setattr(mini_llm, "ONEDNN_FP32", False)
+    with pytest.raises(ValueError, match="prepack=True .*float16"):
+        Transformer.from_pretrained(dtype="float16", prepack=True)
+    monkeypatch.setattr(linear_module, "ONEDNN_FP32", False)
     model = tiny_model(dtype=torch.float32)
-    with pytest.raises(RuntimeError, match="oneDNN"):
+    with pytest.raises(ValueError, match="float32 .*oneDNN"):
         model.prepack()
     assert not model.prepacked
-

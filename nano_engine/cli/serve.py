@@ -45,8 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--served-model-name", help="the model name clients send (default: the model's name)")
     ap.add_argument("--dtype", choices=list(DTYPES), default="float32")
     ap.add_argument("--prepack", action="store_true",
-                    help="float32 only: reorder the matmul weights for oneDNN once at load time, as vLLM "
-                         "does on CPU (faster; a second copy of the weights; Transformer.prepack)")
+                    help="pack the matmul weights once at load time, as vLLM does on CPU: float32 for "
+                         "oneDNN, bfloat16 for AMX where the CPU has it (faster; a second copy of the "
+                         "weights; Transformer.prepack)")
     ap.add_argument("--attention-backend", choices=["torch", "c"], default="torch",
                     help="torch: the chapters' PyTorch attention (default); c: decodes read the paged KV "
                          "blocks in place, a C++ kernel built on first use (float32 and bfloat16; the same "
@@ -103,6 +104,7 @@ def run(ap: argparse.ArgumentParser, args) -> int:
 
     from ..serving.async_llm import AsyncLLM
     from ..engine import LLMEngine
+    from ..kernels.linear import can_prepack
     from ..models.loading import DTYPES, check_model, load_tokenizer
     from ..mini_llm import Transformer
     from ..serving.server import build_app
@@ -113,8 +115,9 @@ def run(ap: argparse.ArgumentParser, args) -> int:
         config = engine_config(args)
     except ValueError as e:
         ap.error(str(e))
-    if args.prepack and DTYPES[args.dtype] != torch.float32:
-        ap.error(f"--prepack needs --dtype float32, got --dtype {args.dtype}")
+    if args.prepack and not can_prepack(DTYPES[args.dtype]):
+        ap.error(f"--prepack has no kernel for --dtype {args.dtype} on this machine (float32 needs oneDNN, "
+                 "bfloat16 a CPU with AMX)")
     if args.attention_backend == "c":
         from ..kernels import paged_decode as kernels
 

@@ -1,15 +1,21 @@
-"""The matmul of every layer: x @ weight.T + bias on the fastest oneDNN kernel that keeps a row's
-result independent of the batch it runs in (see `linear`), and weights prepacked once into
-oneDNN's blocked layout (`PackedWeight`), as vLLM's CPU backend does
-(`dispatch_cpu_unquantized_gemm`, vllm/model_executor/layers/utils.py).
+"""The matmul of every layer: x @ weight.T + bias on the fastest kernel that keeps a row's result
+independent of the batch it runs in (see `linear`), and weights prepacked once (`PackedWeight`),
+as vLLM's CPU backend does (`dispatch_cpu_unquantized_gemm`, vllm/model_executor/layers/utils.py):
+float32 into oneDNN's blocked layout, bfloat16 into AMX tiles for csrc/gemm_amx.cpp where the CPU
+has AMX (Intel Sapphire Rapids and later).
 
 mini_llm's `Linear` layers call `linear`; `Transformer.prepack` hands each one a `PackedWeight`.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
+
 import torch
 import torch.nn.functional as F
+
+from . import build
 
 
 def _has_onednn_linear() -> bool:
@@ -24,6 +30,36 @@ ONEDNN_FP32 = torch.backends.mkldnn.is_available() and _has_onednn_linear()
 
 
 HALF_ROWS = 32  # the most rows oneDNN's bfloat16 / float16 matmul takes in one call here (see linear)
+AMX_SOURCE = build.CSRC / "gemm_amx.cpp"
+
+
+def _declare_amx(lib: ctypes.CDLL) -> None:
+    P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
+    lib.amx_available.restype = I
+    lib.pack_bf16.argtypes = [P, P, I, I, I, I]
+    lib.gemm_bf16.argtypes = [P, L, P, P, L, P, I, I, I, I]
+    lib.pack_bf16.restype = lib.gemm_bf16.restype = None
+
+
+@functools.cache
+def amx_library() -> ctypes.CDLL | None:
+    """The AMX bfloat16 kernel, built for this CPU, if the CPU has AMX and the OS lets us use it."""
+    with open("/proc/cpuinfo") as f:
+        flags = (build.cpu_flags(f.read()) or "").split()
+    if not {"amx_tile", "amx_bf16", "avx512_bf16"} <= set(flags):
+        return None
+    try:
+        lib = build.load(AMX_SOURCE, "prepack a float32 model instead", _declare_amx)
+    except build.KernelBuildError:
+        return None
+    return lib if lib.amx_available() else None
+
+
+def can_prepack(dtype: torch.dtype) -> bool:
+    """Whether `PackedWeight` has a fast kernel for weights of this dtype on this machine."""
+    if dtype == torch.float32:
+        return ONEDNN_FP32
+    return dtype == torch.bfloat16 and amx_library() is not None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -42,8 +78,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
       On CPUs with AMX (Intel Sapphire Rapids and later), oneDNN takes an AMX kernel from 33 rows
       up, which rounds differently again: more rows go in as chunks of HALF_ROWS.
       tests/test_mini_llm.py checks the invariance this relies on.
+      With `packed` on a CPU with AMX, every row count runs one AMX kernel of our own
+      (csrc/gemm_amx.cpp), whose rows are invariant by construction: no pieces, no copies.
     """
     if x.dim() == 2 and not (torch.is_grad_enabled() and weight.requires_grad):
+        if packed is not None and packed.amx and x.dtype == torch.bfloat16 and packed.matches(weight):
+            return packed.gemm(x, bias)
         if x.dtype == torch.float32 and ONEDNN_FP32:
             if packed is not None and packed.matches(weight):
                 weight = packed.tensor
@@ -57,13 +97,27 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 class PackedWeight:
-    """A float32 weight reordered once into oneDNN's blocked layout (vLLM's CPU backend does the
-    same at load time: `dispatch_cpu_unquantized_gemm` in vllm/model_executor/layers/utils.py).
+    """A weight packed once for its fast kernel (vLLM's CPU backend does the same at load time:
+    `dispatch_cpu_unquantized_gemm` in vllm/model_executor/layers/utils.py): float32 into oneDNN's
+    blocked layout, bfloat16 into AMX tiles (csrc/gemm_amx.cpp; `can_prepack` says where).
     `linear` uses it only while the weight it was made from is unchanged: the same storage, dtype
     and version counter (an in-place edit or `.to()` makes it stale, and the plain path runs)."""
 
     def __init__(self, weight: torch.Tensor):
-        self.tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)  # None: any row count
+        if not can_prepack(weight.dtype):
+            raise ValueError(f"no packed kernel for {str(weight.dtype).removeprefix('torch.')} weights on this "
+                             "machine: float32 needs oneDNN, bfloat16 needs a CPU with AMX")
+        self.amx = weight.dtype == torch.bfloat16
+        if self.amx:
+            n, k = weight.shape
+            self.n, self.k, self.kp = n, k, -(-k // 32) * 32
+            self.tensor = torch.empty(-(-n // 32) * 32 * self.kp, dtype=torch.bfloat16)
+            w = weight.detach().contiguous()
+            amx_library().pack_bf16(w.data_ptr(), self.tensor.data_ptr(), n, k, self.tensor.numel() // self.kp,
+                                    self.kp)
+            self._bias: tuple[torch.Tensor, torch.Tensor] | None = None  # (the bias, its float32 copy)
+        else:
+            self.tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)  # None: any row count
         self._key = self._key_of(weight)
 
     @staticmethod
@@ -72,3 +126,17 @@ class PackedWeight:
 
     def matches(self, weight: torch.Tensor) -> bool:
         return self._key == self._key_of(weight)
+
+    def gemm(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x @ weight.T + bias on the AMX kernel: x (M, K) bfloat16, the result (M, N) bfloat16."""
+        if x.shape[1] != self.k:
+            raise ValueError(f"x has {x.shape[1]} columns; this weight takes {self.k}")
+        if x.stride(1) != 1 or self.kp != self.k:
+            x = F.pad(x, (0, self.kp - self.k)) if self.kp != self.k else x.contiguous()
+        if bias is not None and (self._bias is None or self._bias[0] is not bias):
+            self._bias = (bias, bias.detach().float().contiguous())
+        y = torch.empty(x.shape[0], self.n, dtype=torch.bfloat16)
+        amx_library().gemm_bf16(x.data_ptr(), x.stride(0), self.tensor.data_ptr(), y.data_ptr(), self.n,
+                                self._bias[1].data_ptr() if bias is not None else None, x.shape[0], self.n,
+                                self.kp, torch.get_num_threads())
+        return y

@@ -8,99 +8,43 @@ probabilities x V in a second pass. It is a setting (`EngineConfig(attention_bac
 `serve --attention-backend c`); the default stays the PyTorch code that the chapters teach, and
 the tests check that both give the same tokens (in bfloat16 the same bits: see the source).
 
-The kernel is built on first use with the system's C++ compiler (`c++`/`g++`, or $CXX) for this
-CPU (-march=native), into the cache folder, keyed by the source, the flags and the CPU; later
-processes load the built file (about 2 s to build). It runs on PyTorch's OpenMP threads (the
-libgomp.so.1 that torch has already loaded), as many as torch.get_num_threads().
+The kernel is built on first use for this CPU (kernels/build.py: about 2 s, once per CPU) and runs
+on PyTorch's OpenMP threads, as many as torch.get_num_threads().
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import pathlib
-import platform
-import shutil
-import subprocess
-import tempfile
-import threading
 
 import torch
 
-SOURCE = pathlib.Path(__file__).with_name("csrc") / "paged_decode.cpp"
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+from . import build as _build
+from .build import KernelBuildError  # noqa: F401  (raised by library() when the kernel cannot be built)
+
+SOURCE = _build.CSRC / "paged_decode.cpp"
 DTYPES = (torch.float32, torch.bfloat16)
-_lib: ctypes.CDLL | None = None
-_lock = threading.Lock()
+INSTEAD = 'use attention_backend="torch"'
 
 
-class KernelBuildError(RuntimeError):
-    """The kernel could not be compiled (no C++ compiler, or it failed): use attention_backend="torch"."""
+def library_path():
+    return _build.library_path(SOURCE)
 
 
-def cpu_flags(cpuinfo: str) -> str | None:
-    """The line of /proc/cpuinfo that lists the CPU's features: "flags" on x86, "Features" on ARM."""
-    for line in cpuinfo.splitlines():
-        if line.startswith(("flags", "Features")):
-            return line
-    return None
-
-
-def _cpu_id() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = cpu_flags(f.read())
-    except OSError:
-        line = None
-    return line or platform.processor()
-
-
-def library_path() -> pathlib.Path:
-    """Where the built kernel lives: the cache folder, one file per source x flags x CPU."""
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + _cpu_id().encode()
-                         + platform.machine().encode()).hexdigest()[:16]
-    root = pathlib.Path(os.environ.get("NANO_ENGINE_CACHE") or "~/.cache/nano_engine").expanduser()
-    return root / "kernels" / f"paged_decode-{key}.so"
-
-
-def build() -> pathlib.Path:
+def build():
     """Compile the kernel unless this CPU already has it; returns the library's path."""
-    path = library_path()
-    if path.exists():
-        return path
-    cc = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if cc is None:
-        raise KernelBuildError('attention_backend="c" needs a C++ compiler (c++ or g++, or $CXX) to build '
-                               f'{SOURCE.name}; none is on PATH. Install one, or use attention_backend="torch"')
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        out = pathlib.Path(tmp) / path.name
-        try:
-            run = subprocess.run([cc, *FLAGS, "-o", str(out), str(SOURCE)], capture_output=True, text=True)
-        except OSError as e:
-            raise KernelBuildError(f"cannot run the C++ compiler {cc}: {e}. Install one (or set $CXX), "
-                                   'or use attention_backend="torch"') from None
-        if run.returncode != 0:
-            raise KernelBuildError(f"building {SOURCE.name} with {cc} failed (exit {run.returncode}); use "
-                                   f'attention_backend="torch" meanwhile. The compiler said:\n{run.stderr.strip()}')
-        os.replace(out, path)  # atomic: a second process sees the whole file or none
-    return path
+    return _build.build(SOURCE, INSTEAD)
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    P, I = ctypes.c_void_p, ctypes.c_int
+    for name in ("f32", "bf16"):
+        getattr(lib, f"paged_scores_{name}").argtypes = [P] * 5 + [I] * 7 + [ctypes.c_double, I]
+        getattr(lib, f"paged_values_{name}").argtypes = [P] * 5 + [I] * 8
+        getattr(lib, f"paged_scores_{name}").restype = getattr(lib, f"paged_values_{name}").restype = None
 
 
 def library() -> ctypes.CDLL:
-    global _lib
-    with _lock:
-        if _lib is None:
-            # torch (imported above) has loaded its libgomp.so.1: the kernel's libgomp.so.1 resolves to it.
-            lib = ctypes.CDLL(str(build()))
-            P, I = ctypes.c_void_p, ctypes.c_int
-            for name in ("f32", "bf16"):
-                getattr(lib, f"paged_scores_{name}").argtypes = [P] * 5 + [I] * 7 + [ctypes.c_double, I]
-                getattr(lib, f"paged_values_{name}").argtypes = [P] * 5 + [I] * 8
-                getattr(lib, f"paged_scores_{name}").restype = getattr(lib, f"paged_values_{name}").restype = None
-            _lib = lib
-    return _lib
+    return _build.load(SOURCE, INSTEAD, _declare)
 
 
 def check_dtype(dtype: torch.dtype) -> None:

@@ -1,0 +1,92 @@
+"""Compile a kernel of csrc/ for this CPU on first use, and load it with ctypes.
+
+Each source is built with the system's C++ compiler ($CXX, else `c++`, else `g++`) for the CPU at
+hand (-march=native, so AVX-512 and AMX instructions are there only where the CPU has them), into
+the cache folder ($NANO_ENGINE_CACHE, else ~/.cache/nano_engine), one file per source x flags x
+CPU: a later process loads the built file. The library links against the OpenMP runtime that
+PyTorch has already loaded (libgomp.so.1), so its parallel loops run on PyTorch's threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import pathlib
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+
+import torch  # noqa: F401  (loads libgomp.so.1 before any kernel does)
+
+CSRC = pathlib.Path(__file__).with_name("csrc")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+_loaded: dict[pathlib.Path, ctypes.CDLL] = {}
+_lock = threading.Lock()
+
+
+class KernelBuildError(RuntimeError):
+    """A kernel could not be compiled (no C++ compiler, or it failed)."""
+
+
+def cpu_flags(cpuinfo: str) -> str | None:
+    """The line of /proc/cpuinfo that lists the CPU's features: "flags" on x86, "Features" on ARM."""
+    for line in cpuinfo.splitlines():
+        if line.startswith(("flags", "Features")):
+            return line
+    return None
+
+
+def _cpu_id() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = cpu_flags(f.read())
+    except OSError:
+        line = None
+    return line or platform.processor()
+
+
+def library_path(source: pathlib.Path) -> pathlib.Path:
+    """Where the built kernel lives: the cache folder, one file per source x flags x CPU."""
+    key = hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode() + _cpu_id().encode()
+                         + platform.machine().encode()).hexdigest()[:16]
+    root = pathlib.Path(os.environ.get("NANO_ENGINE_CACHE") or "~/.cache/nano_engine").expanduser()
+    return root / "kernels" / f"{source.stem}-{key}.so"
+
+
+def build(source: pathlib.Path, instead: str) -> pathlib.Path:
+    """Compile source unless this CPU already has it; returns the library's path.
+
+    `instead`: what the user can do when it cannot be built, ending each error message."""
+    path = library_path(source)
+    if path.exists():
+        return path
+    cc = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if cc is None:
+        raise KernelBuildError(f"{source.name} needs a C++ compiler (c++ or g++, or $CXX) to be built; none is "
+                               f"on PATH. Install one, or {instead}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        out = pathlib.Path(tmp) / path.name
+        try:
+            run = subprocess.run([cc, *FLAGS, "-o", str(out), str(source)], capture_output=True, text=True)
+        except OSError as e:
+            raise KernelBuildError(f"cannot run the C++ compiler {cc}: {e}. Install one (or set $CXX), "
+                                   f"or {instead}") from None
+        if run.returncode != 0:
+            raise KernelBuildError(f"building {source.name} with {cc} failed (exit {run.returncode}); "
+                                   f"{instead} meanwhile. The compiler said:\n{run.stderr.strip()}")
+        os.replace(out, path)  # atomic: a second process sees the whole file or none
+    return path
+
+
+def load(source: pathlib.Path, instead: str, declare) -> ctypes.CDLL:
+    """The built library, loaded once per process; declare(lib) sets its functions' argtypes."""
+    with _lock:
+        if source not in _loaded:
+            lib = ctypes.CDLL(str(build(source, instead)))
+            declare(lib)
+            _loaded[source] = lib
+    return _loaded[source]
