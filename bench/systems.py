@@ -365,9 +365,9 @@ def vllm_engine_args() -> dict:
 def vllm_model_folder() -> Path:
     """The Hugging Face folder nano_engine dequantizes the embedded GGUF into (the same weights as
     nano_engine and transformers; tokenizer files included, which vLLM loads)."""
-    from nano_engine.lab.vllm_bridge import _hf_folder
+    from nano_engine.lab.vllm_bridge import hf_folder
 
-    return _hf_folder(embedded_model_path())
+    return hf_folder(embedded_model_path())
 
 
 class VLLMOffline(System):

@@ -139,3 +139,12 @@ def test_targets_compare_each_dtype_with_vllm_in_the_same_dtype():
                      "W1, nano_engine bfloat16 faster than vLLM offline bfloat16: 0.50x (2.00 s vs 1.00 s): NOT met",
                      "W3, nano_engine float32 faster than vLLM offline float32: 1.50x (1.00 s vs 1.50 s): met",
                      "W3, nano_engine bfloat16 faster than vLLM offline bfloat16: 0.50x (2.00 s vs 1.00 s): NOT met"]
+
+
+def test_the_worker_command_names_the_folder_of_the_embedded_weights():
+    """What `make vllm` users run: the command is built without vLLM, from nano_engine's own
+    dequantized folder of the embedded model (config, weights and tokenizer files)."""
+    cmd = S.VLLMOffline("float32").worker_command()
+    folder = Path(cmd[cmd.index("--model") + 1])
+    assert all((folder / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer_config.json"))
+    assert cmd[cmd.index("--dtype") + 1] == "float32"

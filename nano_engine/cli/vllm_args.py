@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shlex
 
-from ..lab.vllm_bridge import vllm_command
+from ..lab.vllm_bridge import hf_folder, vllm_command
 from .common import guarded
 from .serve import build_parser, engine_config, served_name
 
@@ -28,18 +28,3 @@ def main(argv=None) -> int:
         return 0
 
     return guarded(ap, argv, run)
-
-
-def hf_folder(path):
-    """vLLM reads a Hugging Face folder: for a GGUF file, the one nano_engine dequantizes it into
-    (weights, config and tokenizer; written on first use), so that both engines serve the same weights."""
-    from ..models.loading import cache_dir, load_checkpoint, load_tokenizer
-
-    if path.is_dir():
-        return path
-    folder = cache_dir(path)
-    if not (folder / "model.safetensors").is_file():
-        load_checkpoint(path)
-    if not (folder / "tokenizer_config.json").is_file():
-        load_tokenizer(path)
-    return folder

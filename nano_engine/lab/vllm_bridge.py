@@ -15,6 +15,8 @@ SGLang's nearest flag (`python/sglang/srt/server_args.py`).
 
 from __future__ import annotations
 
+import pathlib
+
 from dataclasses import dataclass
 
 from ..engine import EngineConfig
@@ -96,6 +98,21 @@ def vllm_command(config: EngineConfig, model: str, *, dtype: str | None = None, 
         else:
             cmd += [flag, str(value)]
     return cmd
+
+
+def hf_folder(path: pathlib.Path) -> pathlib.Path:
+    """The Hugging Face folder vLLM reads: for a GGUF file, the one nano_engine dequantizes it into
+    (weights, config and tokenizer; written on first use), so that both engines serve the same weights."""
+    from ..models.loading import cache_dir, load_checkpoint, load_tokenizer
+
+    if path.is_dir():
+        return path
+    folder = cache_dir(path)
+    if not (folder / "model.safetensors").is_file():
+        load_checkpoint(path)
+    if not (folder / "tokenizer_config.json").is_file():
+        load_tokenizer(path)
+    return folder
 
 
 def settings_table() -> str:
