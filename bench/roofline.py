@@ -37,31 +37,32 @@ def median_time(fn, reps: int = 5, warmup: int = 1) -> float:
 
 
 class _Product:
-    """One matmul of a decoder layer, called the way the model calls it."""
+    """One matmul of a decoder layer, called the way the model calls it (on its packed weight, if any)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        self.weight, self.bias = weight, bias
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, packed=None):
+        self.weight, self.bias, self.packed = weight, bias, packed
         self.in_features = weight.shape[1]
 
     def __call__(self, x):
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.packed)
 
 
 def layer_linears(model: Transformer) -> list[_Product]:
-    """Every matmul of the decoder blocks, in call order (fused q/k/v and gate/up when the model is)."""
+    """Every matmul of the decoder blocks, in call order (fused q/k/v and gate/up when the model is),
+    each on the kernel the model's own call takes (Transformer.prepack's packed weights included)."""
     out = []
     for block in model.model.layers:
         a, m = block.self_attn, block.mlp
         if getattr(a, "qkv_weight", None) is not None:
-            out.append(_Product(a.qkv_weight, a.qkv_bias))
+            out.append(_Product(a.qkv_weight, a.qkv_bias, getattr(a, "qkv_packed", None)))
         else:
-            out += [_Product(p.weight, p.bias) for p in (a.q_proj, a.k_proj, a.v_proj)]
-        out.append(_Product(a.o_proj.weight))
+            out += [_Product(p.weight, p.bias, p.packed) for p in (a.q_proj, a.k_proj, a.v_proj)]
+        out.append(_Product(a.o_proj.weight, None, a.o_proj.packed))
         if getattr(m, "gate_up_weight", None) is not None:
-            out.append(_Product(m.gate_up_weight))
+            out.append(_Product(m.gate_up_weight, None, getattr(m, "gate_up_packed", None)))
         else:
-            out += [_Product(m.gate_proj.weight), _Product(m.up_proj.weight)]
-        out.append(_Product(m.down_proj.weight))
+            out += [_Product(p.weight, None, p.packed) for p in (m.gate_proj, m.up_proj)]
+        out.append(_Product(m.down_proj.weight, None, m.down_proj.packed))
     return out
 
 

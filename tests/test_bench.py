@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH = Path(__file__).parent.parent / "bench"
 WORKLOADS = BENCH / "workloads"
@@ -74,3 +75,21 @@ def test_replayed_steps_are_the_rows_the_runner_computed(budget, blocks, monkeyp
     assert bench_run.replay_steps(engine) == [(rec.num_tokens, n) for rec, n in zip(engine.step_log, rows)]
     if blocks < 64:  # recompute after preemption: its last chunk samples again
         assert engine.stats.preemptions > 0
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_matmul_floor_runs_the_kernels_the_model_runs(fused, monkeypatch):
+    """The floor replays a run's matmuls: on a prepacked model it must call the packed kernels, or the
+    engine would be measured against a floor it does not stand on."""
+    import roofline
+
+    model = tiny_model(seed=4, dtype=torch.float32)
+    if fused:
+        model.fuse()
+    model.prepack()
+    calls = []
+    real = roofline.linear
+    monkeypatch.setattr(roofline, "linear", lambda x, w, b=None, p=None: calls.append(p is not None and p.matches(w))
+                        or real(x, w, b, p))
+    roofline.FloorReplay(model, [(3, 0)], "floor").run()
+    assert len(calls) == (4 if fused else 7) * model.config.num_hidden_layers and all(calls)
