@@ -430,7 +430,7 @@ def test_serve_exits_1_naming_the_error_and_stops_the_engine_when_uvicorn_fails(
 BAD_FLAGS = [  # (argv, what the error line names)
     (["--port", "x"], ["--port", "'x'"]), (["--port", "65536"], ["--port", "65536"]),
     (["--max-num-seqs", "0"], ["--max-num-seqs"]), (["--dtype", "int8"], ["--dtype", "int8"]),
-    (["--dtype", "bf16", "--prepack"], ["--prepack", "float32", "bf16"]),
+    (["--dtype", "float16", "--prepack"], ["--prepack", "float16"]),  # no packed kernel for float16 anywhere
     (["--dtype", "float16", "--attention-backend", "c"], ["--attention-backend c", "float16"]),
     (["--scheduling-policy", "static", "--enable-chunked-prefill"], ["enable_chunked_prefill", "static"]),
 ]
@@ -849,3 +849,13 @@ def test_streamed_logprobs_go_with_the_chunk_that_carries_their_text():
     llm.outputs[:] = [output("a", 1), output("bc", 3, True, "stop")]  # none asked for, none sent
     got = events(post(client, {"prompt": "abc", "stream": True}))
     assert [c["choices"][0]["logprobs"] for c in got[:-1]] == [None, None]
+
+
+def test_serve_prepacks_bfloat16_only_where_the_cpu_has_amx(serve_spies, capsys, monkeypatch):
+    from nano_engine.kernels import linear as linear_module
+
+    monkeypatch.setattr(linear_module, "amx_library", lambda: None)  # a CPU without AMX
+    assert serve_cli.main(["--dtype", "bf16", "--prepack"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--prepack" in last and "bf16" in last and "AMX" in last, last
+    assert serve_spies.calls == []
