@@ -44,8 +44,11 @@ def _declare_amx(lib: ctypes.CDLL) -> None:
 @functools.cache
 def amx_library() -> ctypes.CDLL | None:
     """The AMX bfloat16 kernel, built for this CPU, if the CPU has AMX and the OS lets us use it."""
-    with open("/proc/cpuinfo") as f:
-        flags = (build.cpu_flags(f.read()) or "").split()
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = (build.cpu_flags(f.read()) or "").split()
+    except OSError:  # not Linux: no way to ask the OS for the tiles either
+        return None
     if not {"amx_tile", "amx_bf16", "avx512_bf16"} <= set(flags):
         return None
     try:
