@@ -325,7 +325,9 @@ class Transformer(nn.Module):
         as vLLM does on CPU, so that no step pays for it. float32: oneDNN's blocked layout;
         bfloat16 on a CPU with AMX: tiles for csrc/gemm_amx.cpp, the same bits for a row at every
         row count. Costs a second copy of the matmul weights. The plain path stays the reference:
-        the tests check that both give the same tokens."""
+        in float32 the tests check that both give the same greedy tokens; in bfloat16 the AMX
+        kernel rounds otherwise than oneDNN, and the tests check that the engine on packed weights
+        gives the tokens `generate` gives on them."""
         if not can_prepack(self.dtype):
             raise ValueError(f"prepack has no kernel for a {str(self.dtype).removeprefix('torch.')} model on this "
                              "machine: float32 needs PyTorch's oneDNN, bfloat16 a CPU with AMX")
