@@ -39,13 +39,21 @@ def cpu_flags(cpuinfo: str) -> str | None:
     return None
 
 
-def _cpu_id() -> str:
+def _flags_line() -> str | None:
     try:
         with open("/proc/cpuinfo") as f:
-            line = cpu_flags(f.read())
-    except OSError:
-        line = None
-    return line or platform.processor()
+            return cpu_flags(f.read())
+    except OSError:  # not Linux
+        return None
+
+
+def cpu_features() -> set[str]:
+    """The CPU's feature names as /proc/cpuinfo lists them (amx_tile, avx512f, ...); empty elsewhere."""
+    return set((_flags_line() or "").split()[2:])
+
+
+def _cpu_id() -> str:
+    return _flags_line() or platform.processor()
 
 
 def library_path(source: pathlib.Path) -> pathlib.Path:

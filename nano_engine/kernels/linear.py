@@ -44,12 +44,7 @@ def _declare_amx(lib: ctypes.CDLL) -> None:
 @functools.cache
 def amx_library() -> ctypes.CDLL | None:
     """The AMX bfloat16 kernel, built for this CPU, if the CPU has AMX and the OS lets us use it."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = (build.cpu_flags(f.read()) or "").split()
-    except OSError:  # not Linux: no way to ask the OS for the tiles either
-        return None
-    if not {"amx_tile", "amx_bf16", "avx512_bf16"} <= set(flags):
+    if not {"amx_tile", "amx_bf16", "avx512_bf16"} <= build.cpu_features():
         return None
     try:
         lib = build.load(AMX_SOURCE, "prepack a float32 model instead", _declare_amx)
@@ -134,8 +129,10 @@ class PackedWeight:
         """x @ weight.T + bias on the AMX kernel: x (M, K) bfloat16, the result (M, N) bfloat16."""
         if x.shape[1] != self.k:
             raise ValueError(f"x has {x.shape[1]} columns; this weight takes {self.k}")
-        if x.stride(1) != 1 or self.kp != self.k:
-            x = F.pad(x, (0, self.kp - self.k)) if self.kp != self.k else x.contiguous()
+        if self.kp != self.k:  # the kernel reads K in slices of 32: pad the rows with zeros
+            x = F.pad(x, (0, self.kp - self.k))
+        elif x.stride(1) != 1:
+            x = x.contiguous()
         if bias is not None and (self._bias is None or self._bias[0] is not bias):
             self._bias = (bias, bias.detach().float().contiguous())
         y = torch.empty(x.shape[0], self.n, dtype=torch.bfloat16)

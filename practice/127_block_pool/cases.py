@@ -9,7 +9,6 @@ generation, and the engine must make the same decisions as with nano_engine's po
 scripts drawn by hypothesis are played the same way, and the smallest one that differs is shown.
 """
 
-import random
 
 import nano_engine.paged as ref
 from practice.poolcheck import HASH_BLOCK, check_engine, play, play_random, pool_scripts
@@ -52,45 +51,6 @@ def _reuse_forgets_the_name(cls):
                        "the END, and its next reuse deletes a name that is no longer cached (KeyError)")
 
 
-def _random_script(seed: int, num_blocks: int, length: int) -> list[str]:
-    """Allocations (some too large), frees in reverse, shared references, prefix caching, at random."""
-    rng = random.Random(seed)
-    pool = ref.BlockPool(num_blocks)
-    held: list[tuple[str, list[int]]] = []  # (expression, blocks) of each reference still to drop
-    ops, names = [], 0
-    for _ in range(length):
-        roll = rng.random()
-        if roll < 0.4:
-            n = rng.randint(1, 3) if rng.random() < 0.85 else pool.num_free + 1
-            if n > pool.num_free:
-                ops.append(f"allocate({n})")
-                continue
-            name, names = f"b{names}", names + 1
-            ops.append(f"{name} = allocate({n})")
-            held.append((name, pool.allocate(n)))
-            if rng.random() < 0.5:  # name the blocks, as if full of computed tokens
-                tokens = [rng.randrange(50) for _ in range(HASH_BLOCK * n)]
-                ops.append(f"cache({name}, {tokens})")
-                pool.cache_blocks(held[-1][1], ref.block_hashes(tokens, HASH_BLOCK))
-        elif roll < 0.75 and held:
-            expr, blocks = held.pop(rng.randrange(len(held)))
-            ops.append(f"free(reversed({expr}))")
-            pool.free(reversed(blocks))
-        else:
-            cached = [b for b in pool.free_queue if pool.block_hash[b] is not None]
-            if cached and (rng.random() < 0.5 or not held):  # a prefix-cache hit on a freed block
-                shared = [cached[-1]]
-            elif held:  # another request shares a held prefix
-                blocks = rng.choice(held)[1]
-                shared = blocks[:rng.randint(1, len(blocks))]
-            else:
-                continue
-            ops.append(f"touch({shared})")
-            pool.touch(shared)
-            held.append((str(shared), shared))
-    return ops
-
-
 # (prompt length, max_tokens, the step it arrives at); prompts of a shared-prefix case share the first 12 tokens
 TIGHT = [(5, 10, 0), (17, 12, 0), (14, 10, 0), (9, 12, 0), (3, 11, 0), (12, 9, 0)]
 SHARED = [(14, 10, 0), (16, 12, 2), (13, 10, 2), (20, 9, 3), (15, 10, 4), (18, 8, 5)]
@@ -120,8 +80,6 @@ CASES = [
              ["a = allocate(2)", "cache(a, [1, 2, 3, 4])", "free(reversed(a))", "lookup(hashes([1, 2, 3, 4]))",
               "b = allocate(3)", "lookup(hashes([1, 2, 3, 4]))", "c = allocate(1)", "lookup(hashes([1, 2]))"]),
     Case("a_reused_block_loses_its_block_hash", _reuse_forgets_the_name),
-    scripted("random_operations", 10, _random_script(127, 10, 60)),
-    scripted("random_operations_small_pool", 4, _random_script(7, 4, 60)),
     Case("end_to_end_tight_pool_preempts",
          lambda cls: check_engine(cls, ref.BlockPool, dict(max_num_batched_tokens=16, num_blocks=12, block_size=4,
                                                             enable_prefix_caching=False), TIGHT, seed=2)),
