@@ -70,7 +70,7 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def reference(model: Transformer, w: Workload, fresh: bool) -> list[list[int]]:
+def reference(model: Transformer, w: Workload, fresh: bool, attention_backend: str) -> list[list[int]]:
     """Each request alone through mini_llm.generate. Cached per request, in a file per machine,
     torch version, dtype and every source that can change a bit (the model, attention, sampling,
     the kernels), so that later runs and subsets reuse it."""
@@ -79,7 +79,8 @@ def reference(model: Transformer, w: Workload, fresh: bool) -> list[list[int]]:
                       *(package / "kernels").rglob("*.py"), *(package / "kernels").rglob("*.cpp")])
     code = hashlib.sha256(b"".join(f.read_bytes() for f in sources)).hexdigest()
     env = json.dumps([str(model.dtype), torch.__version__, ONEDNN_FP32, cpu_name(), torch.get_num_threads(),
-                      code, getattr(model, "name_or_path", "")] + (["prepacked"] if model.prepacked else []))
+                      code, getattr(model, "name_or_path", ""), attention_backend]
+                     + (["prepacked"] if model.prepacked else []))
     path = CACHE / f"reference-{hashlib.sha256(env.encode()).hexdigest()[:16]}.json"
     known = json.loads(path.read_text()) if path.is_file() and not fresh else {}
     keys = [hashlib.sha256(json.dumps([list(r.prompt_ids), r.max_tokens, r.ignore_eos]).encode()).hexdigest()
@@ -88,7 +89,8 @@ def reference(model: Transformer, w: Workload, fresh: bool) -> list[list[int]]:
     if missing:
         t = time.perf_counter()
         for k, r in missing:
-            known[k] = generate(model, r.prompt_ids, r.max_tokens, None if r.ignore_eos else S.EOS)
+            known[k] = generate(model, r.prompt_ids, r.max_tokens, None if r.ignore_eos else S.EOS,
+                                attention_backend)
         print(f"  reference for {len(missing)} requests of {w.name} in {model.dtype}: "
               f"{time.perf_counter() - t:.0f} s (cached for next time)")
         CACHE.mkdir(parents=True, exist_ok=True)
@@ -195,7 +197,7 @@ class Bench:
         syss = make_systems(peers, dtypes, models, threads, w, skipped, self.vllm, self.args.attention_backend)
         for s in syss:
             self.setup(s)
-        refs = {dt: reference(models[dt], w, args.fresh_reference) for dt in dtypes}
+        refs = {dt: reference(models[dt], w, args.fresh_reference, args.attention_backend) for dt in dtypes}
         # Untimed warm-up: nano_engine always (its first run also gives the steps the floor
         # replays), the peers on the first workload (kernels, allocators, caches).
         floors, peaks = [], []
@@ -354,7 +356,7 @@ def main(argv=None) -> int:
                          "as vLLM does on CPU; its reference is generate on the same packed weights")
     ap.add_argument("--attention-backend", choices=["torch", "c"], default="torch",
                     help="nano_engine's attention: the chapters' PyTorch code, or c, the kernel that reads "
-                         "the paged blocks in place (nano_engine/kernels/paged_decode.py)")
+                         "the paged blocks in place (nano_engine/kernels/paged_attention.py)")
     ap.add_argument("--json", type=Path, help="write all figures to this file")
     args = ap.parse_args(argv)
     if args.threads:

@@ -17,9 +17,9 @@ around them cost more than the arithmetic. Here the loop over sequences runs onc
 Decodes are grouped by context length so that padding stays small: a 20-token context is not
 padded to 500 because it shares a step with a long one.
 
-With `backend="c"` the decodes of a step are not grouped or padded at all: one call of the
-compiled kernel (kernels/paged_decode.py) reads every decode's context from the blocks where it lies, through
-int32 block tables. Prefill chunks run as above either way.
+With `backend="c"` none of this runs: one call of the compiled kernel per layer
+(kernels/paged_attention.py) attends every row of the step, chunks and decodes alike, reading each
+sequence's context from the blocks where it lies, through int32 block tables checked once per step.
 
 Mirrors vLLM V1's attention metadata builders, which split a batch into decodes and prefills
 (`vllm/v1/attention/backends/utils.py`: split_decodes_and_prefills) and run each with its own
@@ -33,7 +33,7 @@ from typing import Sequence
 
 import torch
 
-from .kernels import paged_decode as kernels
+from .kernels import paged_attention as kernels
 from .mini_llm import attention, score_dtype
 from .paged import slots_of
 
@@ -47,16 +47,6 @@ class DecodeGroup:
     bias: torch.Tensor  # (D, 1, 1, L) float32: 0 on each sequence's context, -inf on its padding
     num_seqs: int  # D
     length: int  # L, the longest context in the group
-
-
-@dataclass
-class KernelDecodes:
-    """Every decode of a step, for the C kernel: no padding, no gather."""
-
-    rows: slice | torch.Tensor  # their rows in the batch
-    block_tables: torch.Tensor  # (D, max_blocks) int32, short tables padded with block 0 (never read)
-    context_lens: torch.Tensor  # (D,) int32: num_cached + 1
-    width: int  # the longest context_len
 
 
 @dataclass
@@ -94,8 +84,7 @@ class AttentionPlan:
     decodes: list[DecodeGroup]
     prefills: list[PrefillChunk]
     buffers: GatherBuffers
-    kernel: KernelDecodes | None = None  # backend "c": all decodes, for kernels.paged_decode
-    block_size: int = 16
+    kernel: kernels.KernelBatch | None = None  # backend "c": the whole step, for kernels.paged_attention
 
 
 def _rows(indices: list[int]) -> slice | torch.Tensor:
@@ -123,9 +112,15 @@ def group_by_length(lengths: Sequence[int], max_padding: float) -> list[list[int
 def plan_attention(query_start: Sequence[int], num_cached: Sequence[int],
                    block_tables: Sequence[Sequence[int]], slot_mapping: torch.Tensor, block_size: int,
                    num_kv_heads: int, buffers: GatherBuffers | None = None,
-                   max_padding: float = 0.3, backend: str = "torch") -> AttentionPlan:
+                   max_padding: float = 0.3, backend: str = "torch", num_blocks: int | None = None) -> AttentionPlan:
     """Index tensors and masks for one step of a ragged batch (see the module docstring).
-    backend: "torch" (grouped, padded decodes) or "c" (every decode in one kernel call)."""
+    backend: "torch" (grouped, padded decodes) or "c" (the whole step in one kernel call per layer;
+    num_blocks, the cache's size, bounds the block ids it may read)."""
+    if backend == "c":
+        if num_blocks is None:
+            raise ValueError('backend="c" needs num_blocks, the size of the cache it reads')
+        batch = kernels.kernel_batch(query_start, num_cached, block_tables, block_size, num_blocks)
+        return AttentionPlan(slot_mapping, [], [], buffers or GatherBuffers(), batch)
     decodes, prefills = [], []
     for s, c in enumerate(num_cached):
         a, b = query_start[s], query_start[s + 1]
@@ -135,17 +130,6 @@ def plan_attention(query_start: Sequence[int], num_cached: Sequence[int],
             ctx = slots_of(block_tables[s], 0, c + b - a, block_size) if c else None
             prefills.append(PrefillChunk(slice(a, b), c, ctx))
     lengths = [num_cached[s] + 1 for s in decodes]
-    if backend == "c":
-        kernel = None
-        if decodes:
-            nblocks = [-(-n // block_size) for n in lengths]
-            most = max(nblocks)
-            rows = [list(block_tables[s][:k]) for s, k in zip(decodes, nblocks)]
-            tables = torch.tensor([r + [0] * (most - len(r)) for r in rows],
-                                  dtype=torch.int32)  # (D, most), short tables padded with block 0
-            kernel = KernelDecodes(_rows([query_start[s] for s in decodes]), tables,
-                                   torch.tensor(lengths, dtype=torch.int32), max(lengths))
-        return AttentionPlan(slot_mapping, [], prefills, buffers or GatherBuffers(), kernel, block_size)
     groups = []
     for members in group_by_length(lengths, max_padding) if decodes else []:
         members = sorted(members)  # batch order, so that one group of all decodes is rows 0..T-1
@@ -163,7 +147,7 @@ def plan_attention(query_start: Sequence[int], num_cached: Sequence[int],
         kv_index = (ctx[:, None, :] * num_kv_heads + torch.arange(num_kv_heads)[None, :, None]).flatten()
         bias = torch.zeros(len(seqs), 1, 1, L).masked_fill(pad[:, None, None, :], float("-inf"))
         groups.append(DecodeGroup(_rows([query_start[s] for s in seqs]), kv_index, bias, len(seqs), L))
-    return AttentionPlan(slot_mapping, groups, prefills, buffers or GatherBuffers(), None, block_size)
+    return AttentionPlan(slot_mapping, groups, prefills, buffers or GatherBuffers())
 
 
 def gather_rows(source: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -223,17 +207,11 @@ def paged_attention(plan: AttentionPlan, k_cache: torch.Tensor, v_cache: torch.T
     q: (T, nh, hd); k, v: (T, nkv, hd), already written to the cache at plan.slot_mapping;
     k_cache, v_cache: (slots, nkv, hd), one layer's cache.
     """
-    kd = plan.kernel
-    if kd is not None and not plan.prefills:  # decodes only: rows 0..T-1
-        return kernels.paged_decode(q.contiguous(), k_cache, v_cache, kd.block_tables, kd.context_lens,
-                                    plan.block_size, kd.width)
+    if plan.kernel is not None:
+        return kernels.paged_attention(q, k_cache, v_cache, plan.kernel)
     if len(plan.decodes) == 1 and not plan.prefills:  # decodes only, in one group: rows 0..T-1
         return decode_attention(q, k_cache, v_cache, plan.decodes[0], plan.buffers)
     out = torch.empty_like(q)  # (T, nh, hd)
-    if kd is not None:
-        o = kernels.paged_decode(take_rows(q, kd.rows).contiguous(), k_cache, v_cache, kd.block_tables,
-                                 kd.context_lens, plan.block_size, kd.width)
-        put_rows(out, kd.rows, o)
     for g in plan.decodes:
         put_rows(out, g.rows, decode_attention(take_rows(q, g.rows), k_cache, v_cache, g, plan.buffers))
     for p in plan.prefills:

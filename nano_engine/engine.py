@@ -41,7 +41,7 @@ class EngineConfig:
 
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache_config: CacheConfig = field(default_factory=CacheConfig)
-    attention_backend: str = "torch"  # "c": decodes read the paged blocks in place (kernels/paged_decode.py)
+    attention_backend: str = "torch"  # "c": one compiled call per layer (kernels/paged_attention.py)
     step_log_size: int = 10_000  # records kept in LLMEngine.step_log, the most recent ones; 0 = none
 
     def __post_init__(self):

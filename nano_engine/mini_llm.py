@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import checks
+from .kernels import paged_attention as attention_kernel
 from .kernels.linear import PackedWeight, can_prepack, linear
 
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -361,10 +362,16 @@ def score_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype in (torch.bfloat16, torch.float16) else torch.promote_types(dtype, torch.float32)
 
 
-def attention(q, k, v, num_cached: int) -> torch.Tensor:
+ATTENTION_BACKENDS = ("torch", "c")
+
+
+def attention(q, k, v, num_cached: int, backend: str = "torch") -> torch.Tensor:
     """Causal attention of q's T new tokens over k, v's L = num_cached + T tokens.
 
     q: (T, nh, hd); k, v: (L, nkv, hd). Query i sits at position num_cached + i and sees keys 0..that.
+    backend "c": the compiled kernel the engine runs with attention_backend="c"
+    (kernels/paged_attention.py), over this context as one block: the same bits per row as there.
+    The rest of this docstring is about the PyTorch code below.
 
     Written out rather than PyTorch's scaled_dot_product_attention, for two reasons. Exactness:
     the engine computes a token's attention in different company than `generate` does (a prefill
@@ -382,6 +389,8 @@ def attention(q, k, v, num_cached: int) -> torch.Tensor:
     Grouped-query attention: the nh / nkv query heads that share a KV head are stacked as rows of
     one matmul against that head's keys, so K and V are never repeated.
     """
+    if backend == "c":
+        return attention_kernel.contiguous_attention(q, k, v, num_cached)
     T, nh, hd = q.shape
     L, nkv, _ = k.shape
     g, dtype = nh // nkv, q.dtype
@@ -410,7 +419,8 @@ def causal_attend(layer: int, q, k, v):
 class ContiguousKVCache:
     """One request's K and V per layer, grown by concatenation: the simple cache `generate` uses."""
 
-    def __init__(self):
+    def __init__(self, attention_backend: str = "torch"):
+        self.backend = attention_backend
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
 
@@ -424,20 +434,25 @@ class ContiguousKVCache:
             self.k[layer] = torch.cat((self.k[layer], k))
             self.v[layer] = torch.cat((self.v[layer], v))
         cached = self.k[layer].shape[0] - q.shape[0]
-        return attention(q, self.k[layer], self.v[layer], cached)
+        return attention(q, self.k[layer], self.v[layer], cached, self.backend)
 
 
 @torch.inference_mode()
-def generate(model: Transformer, input_ids, max_new_tokens: int, eos_token_id=None) -> list[int]:
+def generate(model: Transformer, input_ids, max_new_tokens: int, eos_token_id=None,
+             attention_backend: str = "torch") -> list[int]:
     """Greedy decoding of one request: the reference the engine must equal token for token.
 
     Returns the new tokens only; stops after eos_token_id (an int or a collection of ints).
+    attention_backend: the engine's setting of the same name, to compare with an engine that runs it.
     """
+    attention_backend = checks.choice("attention_backend", attention_backend, ATTENTION_BACKENDS)
+    if attention_backend == "c":
+        attention_kernel.check_dtype(model.dtype)
     ids = [int(t) for t in input_ids]
     if not ids:
         raise ValueError("input_ids is empty: a prompt needs at least one token")
     stop = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
-    cache, out = ContiguousKVCache(), []
+    cache, out = ContiguousKVCache(attention_backend), []
     step = torch.tensor(ids)
     for _ in range(max_new_tokens):
         # Prefill the whole prompt on the first pass, then one token per pass over the cache.

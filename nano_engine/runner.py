@@ -20,13 +20,10 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from .kernels import paged_decode as kernels
+from .kernels import paged_attention as kernels
 from .attention import AttentionPlan, GatherBuffers, paged_attention, plan_attention
-from .mini_llm import Transformer
+from .mini_llm import ATTENTION_BACKENDS, Transformer  # noqa: F401 (ATTENTION_BACKENDS: part of this module's API)
 from .paged import PagedKVCache, slots_of  # noqa: F401 (slots_of: part of this module's API)
-
-
-ATTENTION_BACKENDS = ("torch", "c")
 
 
 class SeqChunk(NamedTuple):
@@ -97,8 +94,8 @@ class ModelRunner:
 
     def __init__(self, model: Transformer, num_blocks: int, block_size: int, attention_backend: str = "torch"):
         """attention_backend: "torch" (attention.py's tensor ops, as the chapters build them) or
-        "c" (decodes read the blocks in place, kernels/paged_decode.py; built here, so a missing compiler
-        fails now)."""
+        "c" (one compiled call per layer reads the blocks in place, kernels/paged_attention.py; built
+        here, so a missing compiler fails now)."""
         cfg = model.config
         self.model = model
         self.block_size = block_size
@@ -114,7 +111,7 @@ class ModelRunner:
         """Everything the attention of this step needs, computed once for all layers."""
         return plan_attention(batch.query_start, batch.num_cached, batch.block_tables, batch.slot_mapping,
                               self.block_size, self.model.config.num_key_value_heads, self.buffers,
-                              backend=self.attention_backend)
+                              backend=self.attention_backend, num_blocks=self.kv_cache.num_blocks)
 
     def paged_attend(self, batch: Batch):
         """The attention function the model calls at each layer, for this batch."""

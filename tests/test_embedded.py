@@ -53,7 +53,7 @@ def test_identity_check_in_bfloat16(prompts):
 
 
 def test_the_embedded_model_gives_the_same_tokens_with_the_attention_kernel(prompts):
-    """attention_backend="c" (nano_engine/kernels/paged_decode.py) against generate, in both dtypes."""
+    """attention_backend="c" (nano_engine/kernels/paged_attention.py) against generate with it, in both dtypes."""
     for dtype in (torch.bfloat16, torch.float32):
         model = Transformer.from_pretrained(dtype=dtype)
         result = identity_check(model, prompts, max_tokens=16, attention_backend="c")

@@ -361,7 +361,7 @@ def test_serve_cli_serves_and_stops_on_sigterm():
 def serve_spies(monkeypatch):
     """serve_cli.main with the model (the tiny one), the tokenizer, the C kernel's build, uvicorn and
     signal.signal replaced by spies; `calls` lists the build, the model check and the loads in order."""
-    from nano_engine.kernels import paged_decode as kernels
+    from nano_engine.kernels import paged_attention as kernels
     from nano_engine.models import loading
     from nano_engine.mini_llm import Transformer
     from nano_engine.tiny import tiny_model

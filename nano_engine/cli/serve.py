@@ -49,9 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "oneDNN, bfloat16 for AMX where the CPU has it (faster; a second copy of the "
                          "weights; Transformer.prepack)")
     ap.add_argument("--attention-backend", choices=["torch", "c"], default="torch",
-                    help="torch: the chapters' PyTorch attention (default); c: decodes read the paged KV "
-                         "blocks in place, a C++ kernel built on first use (float32 and bfloat16; the same "
-                         "tokens; nano_engine/kernels/paged_decode.py)")
+                    help="torch: the chapters' PyTorch attention (default); c: one C++ kernel call per layer "
+                         "reads the paged KV blocks in place, built on first use (float32 and bfloat16; "
+                         "nano_engine/kernels/paged_attention.py)")
     ap.add_argument("--max-num-batched-tokens", type=positive_int, default=d.max_num_batched_tokens,
                     help=f"the token budget of one step (default {d.max_num_batched_tokens})")
     ap.add_argument("--max-num-seqs", type=positive_int, default=d.max_num_seqs,
@@ -119,7 +119,7 @@ def run(ap: argparse.ArgumentParser, args) -> int:
         ap.error(f"--prepack has no kernel for --dtype {args.dtype} on this machine (float32 needs oneDNN, "
                  "bfloat16 a CPU with AMX)")
     if args.attention_backend == "c":
-        from ..kernels import paged_decode as kernels
+        from ..kernels import paged_attention as kernels
 
         if DTYPES[args.dtype] not in kernels.DTYPES:
             ap.error(f"--attention-backend c runs float32 and bfloat16, got --dtype {args.dtype}")

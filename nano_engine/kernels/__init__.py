@@ -1,4 +1,4 @@
 """Kernels below the model: the matmul (linear.py: oneDNN, prepacked weights, batch-invariant row
-rules) and the compiled paged decode attention (paged_decode.py, csrc/). They import nothing from
+rules) and the compiled paged attention (paged_attention.py, csrc/). They import nothing from
 the rest of nano_engine.
 """

@@ -65,16 +65,17 @@ class IdentityResult:
         return "\n".join(lines)
 
 
-def reference_outputs(model: Transformer, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[list[int]]:
-    """Each prompt alone through `mini_llm.generate`, greedy."""
-    return [generate(model, p, max_tokens, model.config.eos_token_id) for p in prompts]
+def reference_outputs(model: Transformer, prompts: Sequence[Sequence[int]], max_tokens: int,
+                      attention_backend: str = "torch") -> list[list[int]]:
+    """Each prompt alone through `mini_llm.generate`, greedy, with the engine's attention backend."""
+    return [generate(model, p, max_tokens, model.config.eos_token_id, attention_backend) for p in prompts]
 
 
 def identity_check(model: Transformer, prompts: Sequence[Sequence[int]], max_tokens: int = 24,
                    configs: dict[str, dict] | None = None, **common) -> IdentityResult:
     """Reference outputs, then the engine under each config; `common` settings apply to all."""
     t = time.perf_counter()
-    ref = reference_outputs(model, prompts, max_tokens)
+    ref = reference_outputs(model, prompts, max_tokens, common.get("attention_backend", "torch"))
     ref_s = time.perf_counter() - t
     rows, engines, outputs = [], {}, {}
     for name, cfg in (configs or IDENTITY_CONFIGS).items():

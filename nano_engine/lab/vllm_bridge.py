@@ -50,7 +50,7 @@ SETTINGS = (
             "admits by the whole prompt and the estimated output always (see --schedule-conservativeness)"),
     Setting("attention_backend", "attention_backend", "auto (FLASH_ATTN on most GPUs)",
             "auto (CPU_ATTN: vllm/v1/attention/backends/cpu_attn.py, reads the paged blocks in place); "
-            "ours: torch (the chapters') or c (kernels/paged_decode.py, the same idea), not passed to vLLM",
+            "ours: torch (the chapters') or c (kernels/paged_attention.py, the same idea), not passed to vLLM",
             "--attention-backend (flashinfer, triton, torch_native, ...)"),
     Setting("dtype", "dtype", "auto (the checkpoint's)", "auto (bfloat16 for a bf16/fp16 checkpoint)", "--dtype"),
     Setting("max_model_len", "max_model_len", "the model's max_position_embeddings", "the same",

@@ -1,0 +1,150 @@
+"""The compiled attention: every row of a step, chunks and decodes alike, in one call per layer
+(csrc/paged_attention.cpp), reading K and V where they lie in the paged cache.
+
+The chapters' attention (attention.py) gathers each sequence's context out of the blocks, pads
+decodes into groups and, for bfloat16, computes in float64 so that a row's bits do not depend on
+the rows it shares a matmul with. The kernel gets the same guarantee another way: it computes
+every score, weight and output of a row by one fixed chain of float32 operations (the order is
+in the source's header), whatever the batch, the chunking, the block size or the thread count.
+So `generate(..., attention_backend="c")`, which calls it over one contiguous context, and the
+engine with `attention_backend="c"` give the same bits, row for row, by construction.
+
+It is a setting (`EngineConfig(attention_backend="c")`, `serve --attention-backend c`); the
+default stays the PyTorch code that the chapters teach. The kernel is built on first use for this
+CPU (kernels/build.py: a few seconds, once per CPU) and runs on PyTorch's OpenMP threads, as many
+as torch.get_num_threads().
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from . import build as _build
+from .build import KernelBuildError  # noqa: F401  (raised by library() when the kernel cannot be built)
+
+SOURCE = _build.CSRC / "paged_attention.cpp"
+DTYPES = (torch.float32, torch.bfloat16)
+INSTEAD = 'use attention_backend="torch"'
+MAX_HEAD_DIM = 256
+
+
+def library_path():
+    return _build.library_path(SOURCE)
+
+
+def build():
+    """Compile the kernel unless this CPU already has it; returns the library's path."""
+    return _build.build(SOURCE, INSTEAD)
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    P, I = ctypes.c_void_p, ctypes.c_int
+    for name in ("f32", "bf16"):
+        fn = getattr(lib, f"paged_attention_{name}")
+        fn.argtypes = [P] * 7 + [I] * 6 + [ctypes.c_float, I]
+        fn.restype = None
+
+
+def library() -> ctypes.CDLL:
+    return _build.load(SOURCE, INSTEAD, _declare)
+
+
+def check_dtype(dtype: torch.dtype) -> None:
+    if dtype not in DTYPES:
+        raise ValueError(f'attention_backend="c" runs {" and ".join(str(d).removeprefix("torch.") for d in DTYPES)} '
+                         f'models; this one is {str(dtype).removeprefix("torch.")} (use attention_backend="torch")')
+
+
+@dataclass(frozen=True)
+class KernelBatch:
+    """A step's sequences as the kernel reads them, built and checked once for every layer."""
+
+    query_start: torch.Tensor  # (B + 1,) int32: sequence s owns query rows query_start[s]:query_start[s + 1]
+    num_cached: torch.Tensor  # (B,) int32: tokens before them in the cache
+    block_tables: torch.Tensor  # (B, max_blocks) int32, short tables padded with block 0 (never read)
+    block_size: int
+    num_blocks: int  # the cache's size in blocks: every table entry is below it
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.query_start[-1])
+
+
+def kernel_batch(query_start: Sequence[int], num_cached: Sequence[int], block_tables: Sequence[Sequence[int]],
+                 block_size: int, num_blocks: int) -> KernelBatch:
+    """Check a step once and lay it out for the kernel.
+
+    Every sequence needs at least one new token, and a table long enough for its context, of
+    block ids inside the cache: the C code trusts them and would read other memory otherwise."""
+    B = len(num_cached)
+    if len(query_start) != B + 1 or len(block_tables) != B:
+        raise ValueError(f"query_start needs {B + 1} entries and block_tables {B} for {B} sequences; "
+                         f"got {len(query_start)} and {len(block_tables)}")
+    width = 1
+    for s in range(B):
+        n, c = query_start[s + 1] - query_start[s], num_cached[s]
+        if n < 1 or c < 0:
+            raise ValueError(f"sequence {s} has {n} new tokens and {c} cached; it needs at least 1 new, 0 cached")
+        need = -(-(c + n) // block_size)
+        if len(block_tables[s]) < need:
+            raise ValueError(f"sequence {s}: a context of {c + n} tokens does not fit its block table of "
+                             f"{len(block_tables[s])} blocks of {block_size}")
+        bad = [b for b in block_tables[s][:need] if not 0 <= b < num_blocks]
+        if bad:
+            raise ValueError(f"sequence {s}: block {bad[0]} is outside the cache's {num_blocks} blocks")
+        width = max(width, need)
+    tables = torch.zeros(B, width, dtype=torch.int32)
+    for s in range(B):
+        need = -(-(num_cached[s] + query_start[s + 1] - query_start[s]) // block_size)
+        tables[s, :need] = torch.tensor(list(block_tables[s][:need]), dtype=torch.int32)
+    return KernelBatch(torch.tensor(list(query_start), dtype=torch.int32),
+                       torch.tensor(list(num_cached), dtype=torch.int32), tables, block_size, num_blocks)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: KernelBatch) -> torch.Tensor:
+    """Causal attention of every new token of a step over its sequence's context in the cache.
+
+    q: (T, nh, hd); k_cache, v_cache: (slots, nkv, hd), one layer's cache, with the new tokens'
+    K and V already written; batch: kernel_batch() of the step. Returns (T, nh, hd) in q's dtype.
+    """
+    check_dtype(q.dtype)
+    if q.dim() != 3 or k_cache.dim() != 3 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"q must be (T, nh, hd) and k_cache, v_cache the same (slots, nkv, hd); got "
+                         f"{tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype != q.dtype:
+            raise ValueError(f"q is {q.dtype} but {name} is {t.dtype}")
+        if not t.is_contiguous():
+            raise ValueError(f"paged_attention needs contiguous caches; {name} is not")
+    T, nh, hd = q.shape
+    nkv = k_cache.shape[1]
+    if k_cache.shape[2] != hd or nh % nkv:
+        raise ValueError(f"{nh} query heads of {hd} cannot attend over {nkv} KV heads of {k_cache.shape[2]}")
+    if hd > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim {hd} is over the kernel's {MAX_HEAD_DIM}")
+    if T != batch.num_tokens:
+        raise ValueError(f"q has {T} rows but the batch has {batch.num_tokens} new tokens")
+    if k_cache.shape[0] < batch.num_blocks * batch.block_size:
+        raise ValueError(f"the cache holds {k_cache.shape[0]} slots, fewer than the batch's "
+                         f"{batch.num_blocks} blocks of {batch.block_size}")
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    fn = getattr(library(), "paged_attention_f32" if q.dtype == torch.float32 else "paged_attention_bf16")
+    fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), batch.query_start.data_ptr(),
+       batch.num_cached.data_ptr(), batch.block_tables.data_ptr(), len(batch.num_cached),
+       batch.block_tables.shape[1], nh, nkv, hd, batch.block_size, hd ** -0.5, torch.get_num_threads())
+    return out
+
+
+def contiguous_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cached: int) -> torch.Tensor:
+    """mini_llm.attention's contract through the kernel: q (T, nh, hd) at positions num_cached..,
+    over k, v (num_cached + T, nkv, hd) held in one piece (one block of the whole length)."""
+    L = k.shape[0]
+    if L != num_cached + q.shape[0]:
+        raise ValueError(f"k and v hold {L} tokens; {num_cached} cached + {q.shape[0]} new expected")
+    batch = kernel_batch([0, q.shape[0]], [num_cached], [[0]], L, 1)
+    return paged_attention(q, k.contiguous(), v.contiguous(), batch)
