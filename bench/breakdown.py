@@ -29,7 +29,9 @@ import systems as S  # noqa: E402
 from workloads import WORKLOADS  # noqa: E402
 
 GROUPS = {
-    "matmuls of the linear layers": ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise", "aten::linear"),
+    "matmuls of the linear layers": ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise", "aten::linear",
+                                     "nano_engine::gemm_amx"),
+    "attention: the C kernel": ("nano_engine::paged_attention",),
     "attention: gather K, V from blocks": ("aten::index_select", "aten::index"),
     "attention: batched matmuls": ("aten::bmm",),
     "attention: softmax and masks": ("aten::_softmax", "aten::masked_fill_", "aten::masked_fill"),
@@ -55,7 +57,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workload", default="W2[:16]", help="W1, W2, W3, or W2[:N]")
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--top", type=int, default=0, help="also print the N most expensive operators")
-    ap.add_argument("--prepack", action="store_true", help="float32 with the packed oneDNN weights (Transformer.prepack)")
+    ap.add_argument("--prepack", action="store_true",
+                    help="packed weights where this CPU has a kernel for them (Transformer.prepack)")
+    ap.add_argument("--attention-backend", choices=["torch", "c"], default="torch")
     args = ap.parse_args(argv)
     name, _, head = args.workload.partition("[:")
     w = WORKLOADS[name]()
@@ -63,7 +67,7 @@ def main(argv=None) -> int:
         w = w.head(int(head.rstrip("]")))
     for dt in args.dtypes.split(","):
         model = Transformer.from_pretrained(dtype=getattr(torch, dt), prepack=args.prepack and can_prepack(getattr(torch, dt)))
-        system = S.NanoEngine(dt, model)
+        system = S.NanoEngine(dt, model, args.attention_backend)
         system.run(w)  # warm-up
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             t = time.perf_counter()
@@ -76,7 +80,8 @@ def main(argv=None) -> int:
         ops = sum(totals.values())
         totals["Python and dispatch (wall minus operators)"] = max(wall - ops, 0.0)
         steps = system.last_engine.stats.steps
-        print(f"\n{dt}{' prepacked' if model.prepacked else ''}, {w.name}: {steps} steps in {wall:.2f} s under the profiler", flush=True)
+        print(f"\n{dt}{' prepacked' if model.prepacked else ''}, attention {args.attention_backend}, {w.name}: "
+              f"{steps} steps in {wall:.2f} s under the profiler", flush=True)
         for group, secs in sorted(totals.items(), key=lambda kv: -kv[1]):
             print(f"  {group:<46} {secs:6.2f} s {secs / wall:6.1%}  {secs / steps * 1e3:6.1f} ms/step")
         if args.top:

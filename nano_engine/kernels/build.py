@@ -9,6 +9,7 @@ PyTorch has already loaded (libgomp.so.1), so its parallel loops run on PyTorch'
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -19,7 +20,7 @@ import subprocess
 import tempfile
 import threading
 
-import torch  # noqa: F401  (loads libgomp.so.1 before any kernel does)
+import torch  # loads libgomp.so.1 before any kernel does
 
 CSRC = pathlib.Path(__file__).with_name("csrc")
 # -ffp-contract=off: a multiply and an add stay two roundings unless the source asks for a fused
@@ -27,6 +28,14 @@ CSRC = pathlib.Path(__file__).with_name("csrc")
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 _loaded: dict[pathlib.Path, ctypes.CDLL] = {}
 _lock = threading.Lock()
+
+
+def profiled(name: str):
+    """A label for torch.profiler around a kernel call (ctypes calls are invisible to it otherwise);
+    nothing at all while no profiler runs."""
+    if torch.autograd.profiler._is_profiler_enabled:
+        return torch.profiler.record_function(name)
+    return contextlib.nullcontext()
 
 
 class KernelBuildError(RuntimeError):

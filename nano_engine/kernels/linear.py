@@ -136,7 +136,8 @@ class PackedWeight:
         if bias is not None and (self._bias is None or self._bias[0] is not bias):
             self._bias = (bias, bias.detach().float().contiguous())
         y = torch.empty(x.shape[0], self.n, dtype=torch.bfloat16)
-        amx_library().gemm_bf16(x.data_ptr(), x.stride(0), self.tensor.data_ptr(), y.data_ptr(), self.n,
-                                self._bias[1].data_ptr() if bias is not None else None, x.shape[0], self.n,
-                                self.kp, torch.get_num_threads())
+        with build.profiled("nano_engine::gemm_amx"):
+            amx_library().gemm_bf16(x.data_ptr(), x.stride(0), self.tensor.data_ptr(), y.data_ptr(), self.n,
+                                    self._bias[1].data_ptr() if bias is not None else None, x.shape[0], self.n,
+                                    self.kp, torch.get_num_threads())
         return y

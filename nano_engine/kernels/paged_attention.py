@@ -134,9 +134,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     q = q.contiguous()
     out = torch.empty_like(q)
     fn = getattr(library(), "paged_attention_f32" if q.dtype == torch.float32 else "paged_attention_bf16")
-    fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), batch.query_start.data_ptr(),
-       batch.num_cached.data_ptr(), batch.block_tables.data_ptr(), len(batch.num_cached),
-       batch.block_tables.shape[1], nh, nkv, hd, batch.block_size, hd ** -0.5, torch.get_num_threads())
+    with _build.profiled("nano_engine::paged_attention"):
+        fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), batch.query_start.data_ptr(),
+           batch.num_cached.data_ptr(), batch.block_tables.data_ptr(), len(batch.num_cached),
+           batch.block_tables.shape[1], nh, nkv, hd, batch.block_size, hd ** -0.5, torch.get_num_threads())
     return out
 
 
