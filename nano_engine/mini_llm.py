@@ -27,7 +27,7 @@ from torch import nn
 
 from . import checks
 from .kernels import paged_attention as attention_kernel
-from .kernels.linear import PackedWeight, can_prepack, linear
+from .kernels.linear import NEEDS, PackedWeight, can_prepack, linear
 
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -272,8 +272,7 @@ class Transformer(nn.Module):
 
         dtype = resolve_dtype(dtype)  # before the load: a wrong dtype must not cost seconds
         if checks.flag("prepack", prepack) and not can_prepack(dtype):
-            raise ValueError(f"prepack=True has no kernel for dtype {dtype} on this machine: float32 needs "
-                             "oneDNN, bfloat16 a CPU with AMX")
+            raise ValueError(f"prepack=True has no kernel for dtype {dtype} on this machine: {NEEDS}")
         path = resolve_model_path(path)
         hf_config, state = load_checkpoint(path)
         cfg = ModelConfig.from_hf(hf_config)
@@ -323,15 +322,15 @@ class Transformer(nn.Module):
 
     def prepack(self) -> "Transformer":
         """The fast path (a setting, off by default): pack each matmul's weight once for its kernel,
-        as vLLM does on CPU, so that no step pays for it. float32: oneDNN's blocked layout;
-        bfloat16 on a CPU with AMX: tiles for csrc/gemm_amx.cpp, the same bits for a row at every
-        row count. Costs a second copy of the matmul weights. The plain path stays the reference:
-        in float32 the tests check that both give the same greedy tokens; in bfloat16 the AMX
-        kernel rounds otherwise than oneDNN, and the tests check that the engine on packed weights
-        gives the tokens `generate` gives on them."""
+        as vLLM does on CPU, so that no step pays for it. float32 on a CPU with AVX-512: panels for
+        csrc/gemm_f32.cpp, elsewhere oneDNN's blocked layout; bfloat16 on a CPU with AMX: tiles for
+        csrc/gemm_amx.cpp. Our kernels give a row the same bits at every row count. Costs a second
+        copy of the matmul weights. The plain path stays the reference: our kernels round otherwise
+        than oneDNN, and the tests check that the engine on packed weights gives the tokens
+        `generate` gives on them."""
         if not can_prepack(self.dtype):
             raise ValueError(f"prepack has no kernel for a {str(self.dtype).removeprefix('torch.')} model on this "
-                             "machine: float32 needs PyTorch's oneDNN, bfloat16 a CPU with AMX")
+                             f"machine: {NEEDS}")
         for owner, attr, weight in self.linear_sites():
             setattr(owner, attr, PackedWeight(weight))
         return self

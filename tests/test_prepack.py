@@ -1,5 +1,6 @@
-"""The float32 fast path (Transformer.prepack): oneDNN reads weights packed once at load time
-(bfloat16 on AMX: tests/test_linear_amx.py).
+"""The float32 fast path (Transformer.prepack): weights packed once at load time, for our AVX-512
+kernel where the CPU has it, else for oneDNN
+(our kernels, bfloat16 on AMX and float32 on AVX-512: tests/test_linear_kernels.py).
 
 It is a setting; the plain path stays the reference. What it must keep: every row gets the bits
 it gets alone (the engine's identity rests on it), the same greedy tokens as the plain path, and
@@ -124,7 +125,8 @@ def test_prepack_refuses_dtypes_without_a_kernel_non_flags_and_a_torch_without_o
     with pytest.raises(ValueError, match="prepack=True .*float16"):
         Transformer.from_pretrained(dtype="float16", prepack=True)
     monkeypatch.setattr(linear_module, "ONEDNN_FP32", False)
+    monkeypatch.setattr(linear_module, "f32_library", lambda: None)  # neither oneDNN nor AVX-512
     model = tiny_model(dtype=torch.float32)
-    with pytest.raises(ValueError, match="float32 .*oneDNN"):
+    with pytest.raises(ValueError, match="float32 .*AVX-512 or PyTorch's oneDNN"):
         model.prepack()
     assert not model.prepacked

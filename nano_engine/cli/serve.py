@@ -46,8 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", choices=list(DTYPES), default="float32")
     ap.add_argument("--prepack", action="store_true",
                     help="pack the matmul weights once at load time, as vLLM does on CPU: float32 for "
-                         "oneDNN, bfloat16 for AMX where the CPU has it (faster; a second copy of the "
-                         "weights; Transformer.prepack)")
+                         "our AVX-512 kernel (else oneDNN), bfloat16 for our AMX kernel where the CPU has "
+                         "it (faster; a second copy of the weights; Transformer.prepack)")
     ap.add_argument("--attention-backend", choices=["torch", "c"], default="torch",
                     help="torch: the chapters' PyTorch attention (default); c: one C++ kernel call per layer "
                          "reads the paged KV blocks in place, built on first use (float32 and bfloat16; "
@@ -104,7 +104,7 @@ def run(ap: argparse.ArgumentParser, args) -> int:
 
     from ..serving.async_llm import AsyncLLM
     from ..engine import LLMEngine
-    from ..kernels.linear import can_prepack
+    from ..kernels.linear import NEEDS, can_prepack
     from ..models.loading import DTYPES, check_model, load_tokenizer
     from ..mini_llm import Transformer
     from ..serving.server import build_app
@@ -116,8 +116,7 @@ def run(ap: argparse.ArgumentParser, args) -> int:
     except ValueError as e:
         ap.error(str(e))
     if args.prepack and not can_prepack(DTYPES[args.dtype]):
-        ap.error(f"--prepack has no kernel for --dtype {args.dtype} on this machine (float32 needs oneDNN, "
-                 "bfloat16 a CPU with AMX)")
+        ap.error(f"--prepack has no kernel for --dtype {args.dtype} on this machine ({NEEDS})")
     if args.attention_backend == "c":
         from ..kernels import paged_attention as kernels
 

@@ -31,6 +31,7 @@ ONEDNN_FP32 = torch.backends.mkldnn.is_available() and _has_onednn_linear()
 
 HALF_ROWS = 32  # the most rows oneDNN's bfloat16 / float16 matmul takes in one call here (see linear)
 AMX_SOURCE = build.CSRC / "gemm_amx.cpp"
+F32_SOURCE = build.CSRC / "gemm_f32.cpp"
 
 
 def _declare_amx(lib: ctypes.CDLL) -> None:
@@ -53,11 +54,34 @@ def amx_library() -> ctypes.CDLL | None:
     return lib if lib.amx_available() else None
 
 
+def _declare_f32(lib: ctypes.CDLL) -> None:
+    P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
+    lib.f32_available.restype = I
+    lib.pack_f32.argtypes = [P, P, I, I]
+    lib.gemm_f32.argtypes = [P, L, P, P, L, P, I, I, I, I]
+    lib.pack_f32.restype = lib.gemm_f32.restype = None
+
+
+@functools.cache
+def f32_library() -> ctypes.CDLL | None:
+    """The AVX-512 float32 kernel, built for this CPU, if the CPU has AVX-512."""
+    if "avx512f" not in build.cpu_features():
+        return None
+    try:
+        lib = build.load(F32_SOURCE, "prepack with oneDNN instead", _declare_f32)
+    except build.KernelBuildError:
+        return None
+    return lib if lib.f32_available() else None
+
+
 def can_prepack(dtype: torch.dtype) -> bool:
     """Whether `PackedWeight` has a fast kernel for weights of this dtype on this machine."""
     if dtype == torch.float32:
-        return ONEDNN_FP32
+        return ONEDNN_FP32 or f32_library() is not None
     return dtype == torch.bfloat16 and amx_library() is not None
+
+
+NEEDS = "float32 needs AVX-512 or PyTorch's oneDNN, bfloat16 a CPU with AMX"  # what prepack refusals say
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -67,9 +91,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     * float32 goes to oneDNN when no gradient is wanted: PyTorch gives float32 products to MKL's
       sgemm, which takes an AVX2 code path on AMD CPUs; oneDNN (PyTorch's own bfloat16 path) uses
       AVX-512 and is 1.5-1.9x faster from 2 rows up on this project's machine. It has no backward.
-      With `packed` (Transformer.prepack), oneDNN reads the weight in its own blocked layout,
-      reordered once at load time, as vLLM's CPU backend does: faster still, and on CPUs where the
-      plain call's one-row kernel rounds differently, the packed kernel does not.
+      With `packed` (Transformer.prepack) on a CPU with AVX-512, an AVX-512 kernel of our own
+      (csrc/gemm_f32.cpp) computes every output as one chain of fused multiply-adds over K, so a
+      row's bits do not depend on the batch; elsewhere oneDNN reads the weight in its own blocked
+      layout, reordered once at load time, as vLLM's CPU backend does.
     * bfloat16 and float16: oneDNN computes a single row with another kernel than two or more
       rows, and for some shapes (576 x 1536 here) the two round differently. A batched step must
       give each request the bits that request would get alone, so one row goes in as two.
@@ -80,7 +105,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
       (csrc/gemm_amx.cpp), whose rows are invariant by construction: no pieces, no copies.
     """
     if x.dim() == 2 and not (torch.is_grad_enabled() and weight.requires_grad):
-        if packed is not None and packed.amx and x.dtype == torch.bfloat16 and packed.matches(weight):
+        if packed is not None and packed.own and x.dtype == weight.dtype and packed.matches(weight):
             return packed.gemm(x, bias)
         if x.dtype == torch.float32 and ONEDNN_FP32:
             if packed is not None and packed.matches(weight):
@@ -97,15 +122,18 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 class PackedWeight:
     """A weight packed once for its fast kernel (vLLM's CPU backend does the same at load time:
     `dispatch_cpu_unquantized_gemm` in vllm/model_executor/layers/utils.py): float32 into oneDNN's
-    blocked layout, bfloat16 into AMX tiles (csrc/gemm_amx.cpp; `can_prepack` says where).
+    blocked layout or, with AVX-512, panels for csrc/gemm_f32.cpp; bfloat16 into AMX tiles
+    (csrc/gemm_amx.cpp). `can_prepack` says where.
     `linear` uses it only while the weight it was made from is unchanged: the same storage, dtype
     and version counter (an in-place edit or `.to()` makes it stale, and the plain path runs)."""
 
     def __init__(self, weight: torch.Tensor):
         if not can_prepack(weight.dtype):
             raise ValueError(f"no packed kernel for {str(weight.dtype).removeprefix('torch.')} weights on this "
-                             "machine: float32 needs oneDNN, bfloat16 needs a CPU with AMX")
+                             f"machine: {NEEDS}")
         self.amx = weight.dtype == torch.bfloat16
+        self.own = self.amx or f32_library() is not None  # our kernel (gemm), not oneDNN's
+        self._bias: tuple[torch.Tensor, torch.Tensor] | None = None  # (the bias, its float32 copy)
         if self.amx:
             n, k = weight.shape
             self.n, self.k, self.kp = n, k, -(-k // 32) * 32
@@ -113,7 +141,11 @@ class PackedWeight:
             w = weight.detach().contiguous()
             amx_library().pack_bf16(w.data_ptr(), self.tensor.data_ptr(), n, k, self.tensor.numel() // self.kp,
                                     self.kp)
-            self._bias: tuple[torch.Tensor, torch.Tensor] | None = None  # (the bias, its float32 copy)
+        elif self.own:
+            self.n, self.k = weight.shape
+            self.tensor = torch.empty(-(-self.n // 16) * 16 * self.k)
+            w = weight.detach().contiguous()
+            f32_library().pack_f32(w.data_ptr(), self.tensor.data_ptr(), self.n, self.k)
         else:
             self.tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)  # None: any row count
         self._key = self._key_of(weight)
@@ -126,9 +158,19 @@ class PackedWeight:
         return self._key == self._key_of(weight)
 
     def gemm(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x @ weight.T + bias on the AMX kernel: x (M, K) bfloat16, the result (M, N) bfloat16."""
+        """x @ weight.T + bias on our kernel: x (M, K) in the weight's dtype, the result (M, N) too."""
         if x.shape[1] != self.k:
             raise ValueError(f"x has {x.shape[1]} columns; this weight takes {self.k}")
+        if not self.amx:
+            if x.stride(1) != 1:
+                x = x.contiguous()
+            y = torch.empty(x.shape[0], self.n)
+            b = bias.detach().contiguous() if bias is not None else None
+            with build.profiled("nano_engine::gemm_f32"):
+                f32_library().gemm_f32(x.data_ptr(), x.stride(0), self.tensor.data_ptr(), y.data_ptr(), self.n,
+                                       b.data_ptr() if b is not None else None, x.shape[0], self.n, self.k,
+                                       torch.get_num_threads())
+            return y
         if self.kp != self.k:  # the kernel reads K in slices of 32: pad the rows with zeros
             x = F.pad(x, (0, self.kp - self.k))
         elif x.stride(1) != 1:

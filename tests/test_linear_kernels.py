@@ -1,11 +1,13 @@
-"""bfloat16 on AMX (kernels/csrc/gemm_amx.cpp, through Transformer.prepack): a row gets the same bits
-at every row count, thread count and position in the batch, the products are the matmul's, and the
-engine on packed bfloat16 weights equals `generate` on them. On a CPU without AMX, prepack refuses
-a bfloat16 model, naming what is missing, and the plain path runs."""
+"""Our matmul kernels behind Transformer.prepack: bfloat16 on AMX (kernels/csrc/gemm_amx.cpp) and
+float32 on AVX-512 (kernels/csrc/gemm_f32.cpp). A row gets the same bits at every row count, thread
+count and position in the batch, the products are the matmul's, and the engine on packed weights
+equals `generate` on them. On a CPU without AMX, prepack refuses a bfloat16 model, naming what is
+missing; on one without AVX-512, float32 prepacks for oneDNN instead."""
 
 import pytest
 import torch
 
+from nano_engine import LLMEngine, SamplingParams
 from nano_engine.kernels import linear as linear_module
 from nano_engine.kernels.linear import PackedWeight, can_prepack, linear
 from nano_engine.lab.experiments import CHAT_PROMPTS, identity_check
@@ -14,6 +16,8 @@ from nano_engine.models.loading import chat_prompt_ids, load_tokenizer
 from nano_engine.tiny import tiny_model
 
 AMX = can_prepack(torch.bfloat16)
+AVX512 = linear_module.f32_library() is not None
+OURS = {torch.bfloat16: AMX, torch.float32: AVX512}  # which dtypes run a kernel of ours here
 # The embedded model's matmuls (q/k/v fused, o, gate/up fused, down, the head), Qwen3-0.6B's, and
 # shapes whose N and K are not multiples of the 32 the kernel packs by.
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576), (4096, 1024), (1024, 2048),
@@ -21,28 +25,35 @@ SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576), (4096,
 ROWS = (1, 2, 15, 16, 17, 32, 33, 64, 100, 512, 600)
 
 
-def _refused(dtype):
-    with pytest.raises(ValueError, match="AMX"):
-        PackedWeight(torch.ones(4, 4, dtype=dtype))
+def _not_ours(dtype):
+    """Where this CPU lacks the instructions: bfloat16 is refused, float32 packs for oneDNN."""
+    if dtype == torch.bfloat16:
+        with pytest.raises(ValueError, match="AMX"):
+            PackedWeight(torch.ones(4, 4, dtype=dtype))
+    else:
+        assert not PackedWeight(torch.ones(4, 4)).own
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_a_row_gets_the_same_bits_at_every_row_count(shape, threads):
-    if not AMX:
-        return _refused(torch.bfloat16)
+def test_a_row_gets_the_same_bits_at_every_row_count(shape, threads, dtype):
+    if not OURS[dtype]:
+        return _not_ours(dtype)
     gen = torch.Generator().manual_seed(shape[0])
-    w = (torch.randn(*shape, generator=gen) * 0.05).bfloat16()
-    x = torch.randn(700, shape[1], generator=gen).bfloat16()
+    w = (torch.randn(*shape, generator=gen) * 0.05).to(dtype)
+    x = torch.randn(700, shape[1], generator=gen).to(dtype)
     packed = PackedWeight(w)
+    assert packed.own
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         rows = [0, 1, 14, 15, 16, 31, 32, 63, 99, 299, 599]  # where each row sits in a batch
-        alone = torch.cat([linear(x[r:r + 1], w, packed=packed) for r in rows])
+        bias = torch.randn(shape[0], generator=gen).to(dtype)
+        alone = torch.cat([linear(x[r:r + 1], w, bias, packed=packed) for r in rows])
         for m in ROWS:
             for start in (0, 3):  # the rows at other positions of the batch
-                y = linear(x[start:start + m], w, packed=packed)
+                y = linear(x[start:start + m], w, bias, packed=packed)
                 for i, r in enumerate(rows):
                     if start <= r < start + m:
                         assert torch.equal(y[r - start], alone[i]), (m, start, r)
@@ -51,11 +62,28 @@ def test_a_row_gets_the_same_bits_at_every_row_count(shape, threads):
 
 
 @pytest.mark.parametrize("shape", [(960, 576), (100, 70)])
+def test_the_float32_products_are_the_matmul(shape):
+    """Each output is one chain of float32 fused multiply-adds, then the bias: within float32
+    rounding of the exact matmul."""
+    if not AVX512:
+        return _not_ours(torch.float32)
+    gen = torch.Generator().manual_seed(2)
+    w, x, bias = torch.randn(*shape, generator=gen) * 0.05, torch.randn(40, shape[1], generator=gen), torch.randn(shape[0], generator=gen)
+    for b in (None, bias):
+        exact = x.double() @ w.double().T + (0 if b is None else b.double())
+        got = linear(x, w, b, packed=PackedWeight(w))
+        assert got.dtype == torch.float32 and got.shape == (40, shape[0])
+        assert torch.allclose(got.double(), exact, rtol=1e-5, atol=1e-5)
+    strided = x[::2]
+    assert torch.equal(linear(strided, w, packed=PackedWeight(w)), linear(strided.contiguous(), w, packed=PackedWeight(w)))
+
+
+@pytest.mark.parametrize("shape", [(960, 576), (100, 70)])
 def test_the_products_are_the_matmul_rounded_once(shape):
     """Each output is the float32 sum of bfloat16 products, plus the bias, rounded once to bfloat16:
     within one bfloat16 rounding (and float32's summation order) of the exact matmul."""
     if not AMX:
-        return _refused(torch.bfloat16)
+        return _not_ours(torch.bfloat16)
     gen = torch.Generator().manual_seed(1)
     w = (torch.randn(*shape, generator=gen) * 0.05).bfloat16()
     x = torch.randn(40, shape[1], generator=gen).bfloat16()
@@ -92,15 +120,38 @@ def test_a_bfloat16_model_prepacks_where_the_cpu_has_amx_and_refuses_elsewhere(m
         tiny_model(seed=3, dtype=torch.float16).prepack()
 
 
-def test_the_engine_on_packed_bfloat16_weights_equals_generate_on_them():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_engine_on_packed_weights_equals_generate_on_them(dtype):
     """generate runs one row at a time, the engine chunks and decode batches under every setting of
-    the identity check: the same tokens for every chat prompt, in bfloat16, on the AMX kernel."""
-    if not AMX:
-        return _refused(torch.bfloat16)
-    model = Transformer.from_pretrained(dtype=torch.bfloat16, prepack=True)
+    the identity check: the same tokens for every chat prompt, on our kernel."""
+    if not OURS[dtype]:
+        return _not_ours(dtype)
+    model = Transformer.from_pretrained(dtype=dtype, prepack=True)
     tok = load_tokenizer()
     prompts = [chat_prompt_ids(tok, text) for text in CHAT_PROMPTS]
     for backend in ("torch", "c"):  # every scheduling setting of the identity check, both attentions
         result = identity_check(model, prompts, max_tokens=16, attention_backend=backend)
         assert [r.identical for r in result.rows] == [True] * len(result.rows), backend
     assert model.prepacked
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_logprobs_keep_every_bit_under_any_scheduling(dtype):
+    """With our matmul kernels and the C attention every operation of a row is computed the same way
+    in any batch, so the logprob of each token, not only the token, is the same to the last bit
+    whether a prompt comes whole or in chunks of 7, alone or among others, preempted or not."""
+    if not OURS[dtype]:
+        return _not_ours(dtype)
+    model = Transformer.from_pretrained(dtype=dtype, prepack=True)
+    tok = load_tokenizer()
+    prompts = [chat_prompt_ids(tok, text) for text in CHAT_PROMPTS]
+    settings = [{}, {"max_num_batched_tokens": 7}, {"max_num_batched_tokens": 64, "num_blocks": 10},
+                {"block_size": 1, "max_num_seqs": 2}]
+    seen = []
+    for cfg in settings:
+        engine = LLMEngine(model, attention_backend="c", **cfg)
+        done = engine.generate(prompts, SamplingParams(max_tokens=24, logprobs=2))
+        seen.append([(r.output_ids, [(lp.logprob, lp.top_logprobs) for lp in r.logprobs]) for r in done])
+        if cfg.get("num_blocks") == 10:
+            assert engine.stats.preemptions > 0
+    assert all(s == seen[0] for s in seen[1:])
