@@ -59,7 +59,8 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=0, help="also print the N most expensive operators")
     ap.add_argument("--prepack", action="store_true",
                     help="packed weights where this CPU has a kernel for them (Transformer.prepack)")
-    ap.add_argument("--attention-backend", choices=["torch", "c"], default="torch")
+    ap.add_argument("--attention-backend", choices=["auto", "torch", "c"], default="auto",
+                    help="c where it builds (auto, the default), or torch, the chapters' attention")
     args = ap.parse_args(argv)
     name, _, head = args.workload.partition("[:")
     w = WORKLOADS[name]()

@@ -51,7 +51,8 @@ from tqdm.auto import tqdm  # noqa: E402
 from nano_engine import Transformer, generate  # noqa: E402
 from nano_engine import mini_llm  # noqa: E402
 from nano_engine.kernels.linear import can_prepack  # noqa: E402
-from nano_engine.kernels.linear import ONEDNN_FP32  # noqa: E402
+from nano_engine.kernels.linear import ONEDNN_FP32, float32_path  # noqa: E402
+from nano_engine.kernels.paged_attention import resolve_backend  # noqa: E402
 
 import roofline  # noqa: E402
 import systems as S  # noqa: E402
@@ -351,14 +352,16 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="threads for torch, llama.cpp and vLLM")
     ap.add_argument("--fresh-reference", action="store_true", help="recompute the generate references")
     ap.add_argument("--prepack", action="store_true",
-                    help="nano_engine on weights packed at load time (Transformer.prepack: float32 for oneDNN, "
+                    help="nano_engine on weights packed at load time (Transformer.prepack: float32 for AVX-512 or oneDNN, "
                          "bfloat16 for AMX where the CPU has it), "
                          "as vLLM does on CPU; its reference is generate on the same packed weights")
-    ap.add_argument("--attention-backend", choices=["torch", "c"], default="torch",
-                    help="nano_engine's attention: the chapters' PyTorch code, or c, the kernel that reads "
-                         "the paged blocks in place (nano_engine/kernels/paged_attention.py)")
+    ap.add_argument("--attention-backend", choices=["auto", "torch", "c"], default="auto",
+                    help="nano_engine's attention: c, the kernel that reads the paged blocks in place "
+                         "(nano_engine/kernels/paged_attention.py), or torch, the chapters' PyTorch code; "
+                         "auto (default): c where it builds, else torch")
     ap.add_argument("--json", type=Path, help="write all figures to this file")
     args = ap.parse_args(argv)
+    args.attention_backend = resolve_backend(args.attention_backend, torch.float32)  # both dtypes alike
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
@@ -366,15 +369,14 @@ def main(argv=None) -> int:
     peers = [] if args.peers == "none" else args.peers.split(",")
     names = ["W1", "W2"] if args.quick else args.workloads.split(",")
 
+    models = {dt: Transformer.from_pretrained(dtype=getattr(torch, dt), prepack=args.prepack and can_prepack(getattr(torch, dt)))
+              for dt in dtypes}
     print(f"# nano_engine benchmark\n{cpu_name()}, {os.cpu_count()} cores, {threads} threads, torch "
-          f"{torch.__version__}, float32 matmuls via {'oneDNN' if ONEDNN_FP32 else 'MKL/BLAS'}"
-          f"{' on packed weights (--prepack)' if args.prepack else ''}, "
+          f"{torch.__version__}, float32 matmuls via {float32_path(args.prepack)}, "
           f"attention {args.attention_backend}{' (the C++ kernel)' if args.attention_backend == 'c' else ''}, "
           f"load average {os.getloadavg()[0]:.1f} at start")
     res = dict(cpu=cpu_name(), threads=threads, torch=torch.__version__, load_start=os.getloadavg()[0],
                prepack=args.prepack, attention_backend=args.attention_backend, workloads={}, roofline={})
-    models = {dt: Transformer.from_pretrained(dtype=getattr(torch, dt), prepack=args.prepack and can_prepack(getattr(torch, dt)))
-              for dt in dtypes}
     bench = Bench(args, models)
     bench.reps = 2 if args.quick else args.reps
 

@@ -41,13 +41,16 @@ class EngineConfig:
 
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache_config: CacheConfig = field(default_factory=CacheConfig)
-    attention_backend: str = "torch"  # "c": one compiled call per layer (kernels/paged_attention.py)
+    # "torch": the chapters' attention; "c": one compiled call per layer (kernels/paged_attention.py);
+    # "auto": c where it runs the model's dtype and builds here, else torch (what serve runs).
+    attention_backend: str = "torch"
     step_log_size: int = 10_000  # records kept in LLMEngine.step_log, the most recent ones; 0 = none
 
     def __post_init__(self):
         checks.instance("scheduler_config", self.scheduler_config, SchedulerConfig, "a SchedulerConfig")
         checks.instance("cache_config", self.cache_config, CacheConfig, "a CacheConfig")
-        self.attention_backend = checks.choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        self.attention_backend = checks.choice("attention_backend", self.attention_backend,
+                                               ("auto", *ATTENTION_BACKENDS))
         # A deque's maxlen is a C ssize_t: refuse more here rather than deep inside LLMEngine.
         self.step_log_size = checks.integer("step_log_size", self.step_log_size, minimum=0, maximum=sys.maxsize)
 

@@ -442,9 +442,11 @@ def generate(model: Transformer, input_ids, max_new_tokens: int, eos_token_id=No
     """Greedy decoding of one request: the reference the engine must equal token for token.
 
     Returns the new tokens only; stops after eos_token_id (an int or a collection of ints).
-    attention_backend: the engine's setting of the same name, to compare with an engine that runs it.
+    attention_backend: the engine's setting of the same name, to compare with an engine that runs it
+    ("auto" resolves as the engine resolves it).
     """
-    attention_backend = checks.choice("attention_backend", attention_backend, ATTENTION_BACKENDS)
+    attention_backend = checks.choice("attention_backend", attention_backend, ("auto", *ATTENTION_BACKENDS))
+    attention_backend = attention_kernel.resolve_backend(attention_backend, model.dtype)
     if attention_backend == "c":
         attention_kernel.check_dtype(model.dtype)
     ids = [int(t) for t in input_ids]

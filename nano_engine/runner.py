@@ -93,13 +93,14 @@ class ModelRunner:
     """Holds the model and its paged KV cache; runs one batch per step."""
 
     def __init__(self, model: Transformer, num_blocks: int, block_size: int, attention_backend: str = "torch"):
-        """attention_backend: "torch" (attention.py's tensor ops, as the chapters build them) or
-        "c" (one compiled call per layer reads the blocks in place, kernels/paged_attention.py; built
-        here, so a missing compiler fails now)."""
+        """attention_backend: "torch" (attention.py's tensor ops, as the chapters build them), "c"
+        (one compiled call per layer reads the blocks in place, kernels/paged_attention.py; built
+        here, so a missing compiler fails now) or "auto" (c where it can run, else torch)."""
         cfg = model.config
         self.model = model
         self.block_size = block_size
-        self.attention_backend = attention_backend  # one of ATTENTION_BACKENDS (EngineConfig checks it)
+        # One of ATTENTION_BACKENDS, or "auto" (EngineConfig checks it), which becomes one of them here.
+        self.attention_backend = kernels.resolve_backend(attention_backend, model.dtype)
         if self.attention_backend == "c":
             kernels.check_dtype(model.dtype)
             kernels.library()

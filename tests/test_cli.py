@@ -226,7 +226,7 @@ def test_tiny_model_runs_end_to_end_and_prints_the_table_the_trace_and_the_first
     code, out, err = cli(capsys, "--model", str(good), "--dtype", "float64", "--max-tokens", "3",
                          "--prompt", "w1 w2 w3", "--prompt", "w4", "--threads", "2", "--block-size", "8")
     assert code == 0 and err == [] and threads == [2] and got["dtype"] == torch.float64
-    assert out.startswith(f"model: {good} (llama, 2 layers, float64)") and "2 prompts of " in out
+    assert out.startswith(f"model: {good} (llama, 2 layers, float64, attention torch)") and "2 prompts of " in out
     rows = {line.split()[0] for line in out.splitlines() if line.endswith("True")}
     assert {"defaults", "budget"} <= rows  # the table: every config identical to generate
     assert experiments.format_trace(got["result"].engines["budget 32"].step_log) in out
@@ -259,6 +259,7 @@ def test_run_fails_with_the_configs_that_differ_on_the_chapters_prompts(capsys, 
     assert "defaults" not in last
     tok = loading.load_tokenizer(good)
     assert seen == {"block_size": 8, "max_num_seqs": 5, "enable_prefix_caching": False, "max_tokens": 2,
+                    "attention_backend": "c",  # auto: the kernel runs float32 and builds here
                     "configs": experiments.IDENTITY_CONFIGS,
                     "prompts": [loading.chat_prompt_ids(tok, t) for t in experiments.CHAT_PROMPTS]}
 

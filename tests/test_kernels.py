@@ -237,6 +237,21 @@ def test_a_backend_is_named_and_a_dtype_it_cannot_run_is_refused_before_allocati
         LLMEngine(model, attention_backend="torch")  # the chapters' path runs every dtype
 
 
+def test_auto_is_the_kernel_where_it_runs_the_dtype_and_builds_else_torch(monkeypatch, tmp_path):
+    for dtype in DTYPES:
+        assert kernels.resolve_backend("auto", dtype) == "c"
+        assert LLMEngine(tiny_model(dtype=dtype), attention_backend="auto").runner.attention_backend == "c"
+    for dtype in (torch.float16, torch.float64):
+        assert kernels.resolve_backend("auto", dtype) == "torch"
+        assert LLMEngine(tiny_model(dtype=dtype), attention_backend="auto").runner.attention_backend == "torch"
+    assert kernels.resolve_backend("torch", torch.float32) == "torch"  # a named backend stays as named
+    model = tiny_model(seed=2, dtype=torch.float32)
+    assert generate(model, [3, 4, 5], 6, attention_backend="auto") == generate(model, [3, 4, 5], 6, attention_backend="c")
+    monkeypatch.setenv("NANO_ENGINE_CACHE", str(tmp_path))  # nothing built here yet,
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))  # and no compiler to build it
+    assert kernels.resolve_backend("auto", torch.float32) == "torch"
+
+
 def test_the_torch_backend_never_calls_the_kernel(monkeypatch):
     monkeypatch.setattr(kernels, "paged_attention", lambda *a: pytest.fail("the kernel ran"))
     model = tiny_model(seed=4, dtype=torch.float32)

@@ -388,9 +388,10 @@ def test_serve_hands_its_flags_to_the_model_the_engine_uvicorn_and_sigterm(serve
     seen = serve_spies
     assert serve_cli.main(["--port", "0", "--host", "127.0.0.2", "--uvicorn-log-level", "error", "--threads", "3",
                            "--model", "/x/m.gguf", "--prepack"]) == 0
-    # the checked path is the one loaded, the model with its flags
+    # the checked path is the one loaded, the model with its flags; the engine then builds the
+    # attention kernel (auto)
     assert [c[:2] for c in seen.calls] == [("check", "/x/m.gguf"), ("load", "resolved-path"),
-                                           ("tokenizer", "resolved-path")]
+                                           ("tokenizer", "resolved-path"), ("build",)]
     (_, _, kwargs, loaded_in) = seen.calls[1]
     assert (kwargs["dtype"], kwargs["prepack"]) == ("float32", True) and seen.threads == [3]
     [config] = seen.configs
@@ -400,13 +401,14 @@ def test_serve_hands_its_flags_to_the_model_the_engine_uvicorn_and_sigterm(serve
     [(app, served_in)] = seen.apps
     assert served_in is threading.current_thread() and loaded_in is not served_in and not loaded_in.is_alive()
     assert TestClient(app).get("/v1/models").json()["data"][0]["id"] == "m"  # the served name: m of m.gguf
-    assert app.state.serving.llm.engine.runner.attention_backend == "torch"
+    assert app.state.serving.llm.engine.runner.attention_backend == "c"  # auto: the kernel, where it builds
     [(signum, handler)] = seen.signals  # SIGTERM ends the process with status 0
     with pytest.raises(SystemExit) as e:
         handler(signum, None)
     assert signum == signal.SIGTERM and e.value.code == 0
     assert serve_cli.main(["--port", "0", "--dtype", "bf16"]) == 0  # no --threads: torch's own choice
-    assert seen.threads == [3] and seen.calls[-2][2] == {"dtype": "bf16", "prepack": False}
+    last_load = [c for c in seen.calls if c[0] == "load"][-1]
+    assert seen.threads == [3] and last_load[2] == {"dtype": "bf16", "prepack": False}
 
 
 def test_serve_builds_the_c_kernel_before_the_model_and_the_engine_runs_it(serve_spies):
@@ -446,7 +448,9 @@ def test_serve_refuses_a_bad_flag_by_name_before_the_model_loads(serve_spies, ca
 
 def test_serve_flags_spelled_as_vllm_spells_them_reach_the_engine_config():
     defaults = serve_cli.build_parser().parse_args([])
-    assert serve_cli.engine_config(defaults) == EngineConfig() and defaults.host == "127.0.0.1"  # loopback unless told
+    # serve's defaults are the engine's, but for the attention: auto (the kernel where it builds).
+    assert serve_cli.engine_config(defaults) == EngineConfig(attention_backend="auto")
+    assert defaults.host == "127.0.0.1"  # loopback unless told
     argv = ["--max-num-batched-tokens", "64", "--max-num-seqs", "3", "--no-enable-chunked-prefill",
             "--no-enable-prefix-caching", "--block-size", "8", "--num-gpu-blocks-override", "40",
             "--scheduling-policy", "priority", "--scheduler-reserve-full-isl", "--attention-backend", "c"]

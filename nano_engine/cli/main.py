@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--block-size", type=positive_int, default=16)
     ap.add_argument("--max-num-seqs", type=positive_int, default=16)
     ap.add_argument("--no-prefix-caching", action="store_true")
+    ap.add_argument("--attention-backend", choices=["auto", "torch", "c"], default="auto",
+                    help="the engine's and generate's attention: c, the compiled kernel, or torch, the "
+                         "chapters' code; auto (default): c where it runs the dtype and builds, else torch")
     ap.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice)")
     ap.add_argument("--debug", action="store_true", help="print the traceback of a failure")
     return ap
@@ -63,6 +66,7 @@ def _check_fits(ap: argparse.ArgumentParser, args, prompts: list[list[int]], con
 def run(ap: argparse.ArgumentParser, args) -> int:
     import torch
 
+    from ..kernels.paged_attention import resolve_backend
     from ..lab.experiments import CHAT_PROMPTS, IDENTITY_CONFIGS, format_trace, identity_check
     from ..models.loading import chat_prompt_ids, check_model, load_tokenizer
     from ..mini_llm import Transformer
@@ -77,8 +81,9 @@ def run(ap: argparse.ArgumentParser, args) -> int:
     prompts = [chat_prompt_ids(tokenizer, text) for text in texts]
     _check_fits(ap, args, prompts, IDENTITY_CONFIGS)
     model = Transformer.from_pretrained(path, dtype=args.dtype)
+    backend = resolve_backend(args.attention_backend, model.dtype)
     print(f"model: {path} ({model.config.model_type}, {model.config.num_hidden_layers} layers, "
-          f"{args.dtype}), loaded in {time.perf_counter() - t:.1f} s")
+          f"{args.dtype}, attention {backend}), loaded in {time.perf_counter() - t:.1f} s")
     longest, limit = max(map(len, prompts)) + args.max_tokens, model.config.max_position_embeddings
     if longest > limit:
         ap.error(f"--max-tokens {args.max_tokens}: the longest prompt and its output are {longest} "
@@ -87,7 +92,7 @@ def run(ap: argparse.ArgumentParser, args) -> int:
     print(f"{len(prompts)} prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, "
           f"{args.max_tokens} greedy tokens each\n")
     common = dict(block_size=args.block_size, max_num_seqs=args.max_num_seqs,
-                  enable_prefix_caching=not args.no_prefix_caching)
+                  enable_prefix_caching=not args.no_prefix_caching, attention_backend=backend)
     result = identity_check(model, prompts, args.max_tokens, IDENTITY_CONFIGS, **common)
 
     print(result.table())

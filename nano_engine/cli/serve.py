@@ -48,10 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="pack the matmul weights once at load time, as vLLM does on CPU: float32 for "
                          "our AVX-512 kernel (else oneDNN), bfloat16 for our AMX kernel where the CPU has "
                          "it (faster; a second copy of the weights; Transformer.prepack)")
-    ap.add_argument("--attention-backend", choices=["torch", "c"], default="torch",
-                    help="torch: the chapters' PyTorch attention (default); c: one C++ kernel call per layer "
-                         "reads the paged KV blocks in place, built on first use (float32 and bfloat16; "
-                         "nano_engine/kernels/paged_attention.py)")
+    ap.add_argument("--attention-backend", choices=["auto", "torch", "c"], default="auto",
+                    help="c: one C++ kernel call per layer reads the paged KV blocks in place, built on "
+                         "first use (float32 and bfloat16; nano_engine/kernels/paged_attention.py); torch: "
+                         "the chapters' PyTorch attention; auto (default): c where it runs the dtype and "
+                         "builds, else torch")
     ap.add_argument("--max-num-batched-tokens", type=positive_int, default=d.max_num_batched_tokens,
                     help=f"the token budget of one step (default {d.max_num_batched_tokens})")
     ap.add_argument("--max-num-seqs", type=positive_int, default=d.max_num_seqs,

@@ -84,6 +84,15 @@ def can_prepack(dtype: torch.dtype) -> bool:
 NEEDS = "float32 needs AVX-512 or PyTorch's oneDNN, bfloat16 a CPU with AMX"  # what prepack refusals say
 
 
+def float32_path(prepacked: bool) -> str:
+    """Which kernel a float32 model's matmuls run on here, in words (for benchmark headers)."""
+    if prepacked and f32_library() is not None:
+        return "our AVX-512 kernel on packed weights (--prepack)"
+    if prepacked and ONEDNN_FP32:
+        return "oneDNN on packed weights (--prepack)"
+    return "oneDNN" if ONEDNN_FP32 else "MKL/BLAS"
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            packed: "PackedWeight | None" = None) -> torch.Tensor:
     """x @ weight.T + bias, on the fastest kernel that gives every row what it would get alone.

@@ -53,6 +53,21 @@ def library() -> ctypes.CDLL:
     return _build.load(SOURCE, INSTEAD, _declare)
 
 
+def resolve_backend(name: str, dtype: torch.dtype) -> str:
+    """The attention backend a command line's "auto" means: "c" where the kernel runs this dtype and
+    builds on this machine (it is faster at every size measured, docs/benchmarks.md), else
+    "torch". Any other name is returned as it is, for EngineConfig to check."""
+    if name != "auto":
+        return name
+    if dtype not in DTYPES:
+        return "torch"
+    try:
+        build()
+    except KernelBuildError:
+        return "torch"
+    return "c"
+
+
 def check_dtype(dtype: torch.dtype) -> None:
     if dtype not in DTYPES:
         raise ValueError(f'attention_backend="c" runs {" and ".join(str(d).removeprefix("torch.") for d in DTYPES)} '
