@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import checks
+from .kernels import fused
 from .kernels import paged_attention as attention_kernel
 from .kernels.linear import NEEDS, PackedWeight, can_prepack, linear
 
@@ -115,6 +116,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if getattr(self, "fused", False) and (y := fused.rms_norm(x, self.weight, self.eps)) is not None:
+            return y  # the prepacked fast path: one compiled pass (kernels/fused.py)
         # x * rsqrt(mean(x^2) + eps) in float32 at least, as Hugging Face does, then cast back and
         # scale; PyTorch's fused rms_norm does the first part in one op instead of five.
         dt = x.dtype
@@ -181,7 +184,8 @@ class Attention(nn.Module):
             y = linear(x, self.qkv_weight, self.qkv_bias, getattr(self, "qkv_packed", None))
             qk, v = y[:, :(nh + nkv) * hd].view(T, nh + nkv, hd), y[:, (nh + nkv) * hd:].view(T, nkv, hd)
             if not hasattr(self, "q_norm"):
-                qk = apply_rope(qk, cos, sin)
+                if not (getattr(self, "fused", False) and fused.rope_(qk, cos, sin)):  # in place, compiled
+                    qk = apply_rope(qk, cos, sin)
                 q, k = qk[:, :nh], qk[:, nh:]
             else:
                 q, k = apply_rope(self.q_norm(qk[:, :nh]), cos, sin), apply_rope(self.k_norm(qk[:, nh:]), cos, sin)
@@ -209,7 +213,10 @@ class MLP(nn.Module):
 
     def forward(self, x):
         if getattr(self, "gate_up_weight", None) is not None:
-            gate, up = linear(x, self.gate_up_weight, packed=getattr(self, "gate_up_packed", None)).chunk(2, dim=-1)
+            gate_up = linear(x, self.gate_up_weight, packed=getattr(self, "gate_up_packed", None))
+            if getattr(self, "fused", False) and (h := fused.silu_mul(gate_up)) is not None:
+                return self.down_proj(h)  # the prepacked fast path: one compiled pass (kernels/fused.py)
+            gate, up = gate_up.chunk(2, dim=-1)
             return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
 
@@ -325,20 +332,28 @@ class Transformer(nn.Module):
         as vLLM does on CPU, so that no step pays for it. float32 on a CPU with AVX-512: panels for
         csrc/gemm_f32.cpp, elsewhere oneDNN's blocked layout; bfloat16 on a CPU with AMX: tiles for
         csrc/gemm_amx.cpp. Our kernels give a row the same bits at every row count. Costs a second
-        copy of the matmul weights. The plain path stays the reference: our kernels round otherwise
-        than oneDNN, and the tests check that the engine on packed weights gives the tokens
-        `generate` gives on them."""
+        copy of the matmul weights. With them, RMSNorm, SwiGLU's silu(gate) * up and the rotary
+        embedding run as one compiled pass each (kernels/fused.py), where they can be built.
+        The plain path stays the reference: our kernels round otherwise than PyTorch's, and the
+        tests check that the engine on packed weights gives the tokens `generate` gives on them."""
         if not can_prepack(self.dtype):
             raise ValueError(f"prepack has no kernel for a {str(self.dtype).removeprefix('torch.')} model on this "
                              f"machine: {NEEDS}")
         for owner, attr, weight in self.linear_sites():
             setattr(owner, attr, PackedWeight(weight))
+        self._fuse(fused.available(self.dtype))
         return self
 
+    def _fuse(self, on: bool) -> None:
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, Attention, MLP)):
+                module.fused = on
+
     def unpack(self) -> "Transformer":
-        """Drop the packed weights: every matmul takes the plain path again."""
+        """Drop the packed weights and the fused kernels: every layer takes the plain path again."""
         for owner, attr, _ in self.linear_sites():
             setattr(owner, attr, None)
+        self._fuse(False)
         return self
 
 

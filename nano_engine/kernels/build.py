@@ -69,7 +69,8 @@ def _cpu_id() -> str:
 
 def library_path(source: pathlib.Path) -> pathlib.Path:
     """Where the built kernel lives: the cache folder, one file per source x flags x CPU."""
-    key = hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode() + _cpu_id().encode()
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))  # what it may include
+    key = hashlib.sha256(source.read_bytes() + headers + " ".join(FLAGS).encode() + _cpu_id().encode()
                          + platform.machine().encode()).hexdigest()[:16]
     root = pathlib.Path(os.environ.get("NANO_ENGINE_CACHE") or "~/.cache/nano_engine").expanduser()
     return root / "kernels" / f"{source.stem}-{key}.so"

@@ -1,0 +1,118 @@
+// The small operations around the matmuls, one pass each instead of five to eight PyTorch operators:
+//   rms_norm:  out = w * (x / sqrt(mean(x^2) + eps)), a row at a time;
+//   silu_mul:  out = silu(gate) * up, SwiGLU's middle, from the fused gate/up projection;
+//   rope:      the rotary embedding of q and k, in place: pairs (i, i + hd / 2) of each head.
+// Each row is computed alone, by the same operations in the same order whatever the number of rows
+// or threads (simd.h; the sum of squares goes into 16 lanes, then the fixed tree), so a row's bits
+// do not depend on the batch. Arithmetic in float32; a bfloat16 result is rounded once, but for
+// rms_norm's normalised x, which is rounded before the weight multiplies it, as Hugging Face does.
+// Built by kernels/build.py; loaded with ctypes by kernels/fused.py.
+#include <cstdint>
+
+#include "simd.h"
+
+namespace {
+
+using namespace simd;
+
+// n values from src (float32 or bfloat16) as floats into dst; n <= 16, zeros after.
+template <typename T> inline V16 load_part(const T *src, int n) {
+    float tmp[16] = {0};
+    for (int i = 0; i < n; i++) tmp[i] = widen(src[i]);
+    return load(tmp);
+}
+
+// The first n lanes of v into dst, rounded to dst's type.
+template <typename T> inline void store_part(T *dst, V16 v, int n) {
+    if (n == 16) return store(dst, v);
+    float tmp[16];
+    store(tmp, v);
+    for (int i = 0; i < n; i++) narrow(tmp[i], dst + i);
+}
+
+inline V16 round_as(V16 x, const float *) { return x; }
+inline V16 round_as(V16 x, const uint16_t *) { return round_bf16(x); }
+
+constexpr long PARALLEL = 1 << 15;  // values below which one thread does it all (waking others costs more)
+
+template <typename T>
+void rms_norm(const T *x, long ldx, const T *w, T *out, long ldo, int rows, int dim, float eps, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (static_cast<long>(rows) * dim >= PARALLEL)
+    for (int r = 0; r < rows; r++) {
+        const T *xr = x + r * ldx;
+        V16 sq = zero();
+        for (int i = 0; i < dim; i += 16) {
+            const V16 v = i + 16 <= dim ? load(xr + i) : load_part(xr + i, dim - i);
+            sq = fma(v, v, sq);
+        }
+        const float inv = 1.0f / std::sqrt(tree(sq) / static_cast<float>(dim) + eps);
+        for (int i = 0; i < dim; i += 16) {
+            const int n = dim - i < 16 ? dim - i : 16;
+            const V16 v = n == 16 ? load(xr + i) : load_part(xr + i, n);
+            const V16 g = n == 16 ? load(w + i) : load_part(w + i, n);
+            const V16 normed = round_as(mul(v, bcast(inv)), xr);  // the normalised x in the model's dtype
+            store_part(out + r * ldo + i, mul(g, normed), n);
+        }
+    }
+}
+
+template <typename T> void silu_mul(const T *gu, long ld, T *out, long ldo, int rows, int inter, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (static_cast<long>(rows) * inter >= PARALLEL)
+    for (int r = 0; r < rows; r++) {
+        const T *g = gu + r * ld, *u = g + inter;
+        for (int i = 0; i < inter; i += 16) {
+            const int n = inter - i < 16 ? inter - i : 16;
+            const V16 gv = n == 16 ? load(g + i) : load_part(g + i, n);
+            const V16 uv = n == 16 ? load(u + i) : load_part(u + i, n);
+            const V16 s = div(gv, add(bcast(1.0f), exp(sub(zero(), gv))));  // silu(g) = g / (1 + e^-g)
+            store_part(out + r * ldo + i, mul(s, uv), n);
+        }
+    }
+}
+
+// x: rows of `heads` heads of hd values (row stride ldx), rotated in place by each row's cos, sin (hd).
+template <typename T>
+void rope(T *x, long ldx, const T *cos, const T *sin, int rows, int heads, int hd, int threads) {
+    const int half = hd / 2;
+#pragma omp parallel for schedule(static) num_threads(threads) if (static_cast<long>(rows) * heads * hd >= PARALLEL)
+    for (int r = 0; r < rows; r++) {
+        const T *c = cos + static_cast<long>(r) * hd, *s = sin + static_cast<long>(r) * hd;
+        for (int h = 0; h < heads; h++) {
+            T *v = x + r * ldx + static_cast<long>(h) * hd;
+            for (int i = 0; i < half; i += 16) {
+                const int n = half - i < 16 ? half - i : 16;
+                auto get = [n](const T *p) { return n == 16 ? load(p) : load_part(p, n); };
+                const V16 x1 = get(v + i), x2 = get(v + half + i);
+                const V16 c1 = get(c + i), c2 = get(c + half + i), s1 = get(s + i), s2 = get(s + half + i);
+                store_part(v + i, sub(mul(x1, c1), mul(x2, s1)), n);         // x1 cos - x2 sin
+                store_part(v + half + i, add(mul(x2, c2), mul(x1, s2)), n);  // x2 cos + x1 sin
+            }
+        }
+    }
+}
+
+}  // namespace
+
+extern "C" {
+void rms_norm_f32(const float *x, long ldx, const float *w, float *out, long ldo, int rows, int dim, float eps,
+                  int threads) {
+    rms_norm(x, ldx, w, out, ldo, rows, dim, eps, threads);
+}
+void rms_norm_bf16(const uint16_t *x, long ldx, const uint16_t *w, uint16_t *out, long ldo, int rows, int dim,
+                   float eps, int threads) {
+    rms_norm(x, ldx, w, out, ldo, rows, dim, eps, threads);
+}
+void silu_mul_f32(const float *gu, long ld, float *out, long ldo, int rows, int inter, int threads) {
+    silu_mul(gu, ld, out, ldo, rows, inter, threads);
+}
+void silu_mul_bf16(const uint16_t *gu, long ld, uint16_t *out, long ldo, int rows, int inter, int threads) {
+    silu_mul(gu, ld, out, ldo, rows, inter, threads);
+}
+void rope_f32(float *x, long ldx, const float *cos, const float *sin, int rows, int heads, int hd, int threads) {
+    rope(x, ldx, cos, sin, rows, heads, hd, threads);
+}
+void rope_bf16(uint16_t *x, long ldx, const uint16_t *cos, const uint16_t *sin, int rows, int heads, int hd,
+               int threads) {
+    rope(x, ldx, cos, sin, rows, heads, hd, threads);
+}
+}

@@ -1,0 +1,83 @@
+"""RMSNorm, SwiGLU's silu(gate) * up and the rotary embedding, each one compiled pass
+(csrc/fused.cpp) instead of five to eight PyTorch operators, with the same bits for a row in any
+batch. `Transformer.prepack` turns them on with the packed matmuls (the model's fast path; the
+plain path stays the reference the chapters build). float32 and bfloat16.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from . import build as _build
+
+SOURCE = _build.CSRC / "fused.cpp"
+DTYPES = (torch.float32, torch.bfloat16)
+_NAME = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    P, I, L, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
+    for name in _NAME.values():
+        getattr(lib, f"rms_norm_{name}").argtypes = [P, L, P, P, L, I, I, F, I]
+        getattr(lib, f"silu_mul_{name}").argtypes = [P, L, P, L, I, I, I]
+        getattr(lib, f"rope_{name}").argtypes = [P, L, P, P, I, I, I, I]
+        for fn in ("rms_norm", "silu_mul", "rope"):
+            getattr(lib, f"{fn}_{name}").restype = None
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The kernels, built for this CPU; None where they cannot be built (the plain path runs)."""
+    try:
+        return _build.load(SOURCE, "the plain PyTorch path runs instead", _declare)
+    except _build.KernelBuildError:
+        return None
+
+
+def available(dtype: torch.dtype) -> bool:
+    return dtype in DTYPES and library() is not None
+
+
+def _rows(x: torch.Tensor) -> bool:
+    """2-D with contiguous rows, in a dtype the kernels run: what they read."""
+    return x.dim() == 2 and x.stride(1) == 1 and x.dtype in DTYPES
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """weight * x / sqrt(mean(x^2) + eps) over the last dimension; None for a layout it does not take."""
+    if not _rows(x) or weight.dtype != x.dtype or not weight.is_contiguous():
+        return None
+    out = torch.empty(x.shape, dtype=x.dtype)
+    with _build.profiled("nano_engine::rms_norm"):
+        getattr(library(), f"rms_norm_{_NAME[x.dtype]}")(x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(),
+                                                        out.stride(0), x.shape[0], x.shape[1], eps,
+                                                        torch.get_num_threads())
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
+    """silu(gate) * up, where gate_up is (T, 2 I): gate then up; None for a layout it does not take."""
+    if not _rows(gate_up) or gate_up.shape[1] % 2:
+        return None
+    inter = gate_up.shape[1] // 2
+    out = torch.empty(gate_up.shape[0], inter, dtype=gate_up.dtype)
+    with _build.profiled("nano_engine::silu_mul"):
+        getattr(library(), f"silu_mul_{_NAME[gate_up.dtype]}")(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(),
+                                                               out.stride(0), gate_up.shape[0], inter,
+                                                               torch.get_num_threads())
+    return out
+
+
+def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Rotate x (T, heads, hd) in place by cos, sin (T, hd); False (untouched) for a layout it does not take."""
+    if (x.dim() != 3 or x.dtype not in DTYPES or x.stride(2) != 1 or x.stride(1) != x.shape[2] or x.shape[2] % 2
+            or cos.dtype != x.dtype or sin.dtype != x.dtype or not cos.is_contiguous() or not sin.is_contiguous()
+            or cos.shape != (x.shape[0], x.shape[2]) or sin.shape != cos.shape):
+        return False
+    with _build.profiled("nano_engine::rope"):
+        getattr(library(), f"rope_{_NAME[x.dtype]}")(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(),
+                                                    x.shape[0], x.shape[1], x.shape[2], torch.get_num_threads())
+    return True

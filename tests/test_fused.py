@@ -1,0 +1,135 @@
+"""The fused small operations of the prepacked fast path (kernels/fused.py, csrc/fused.cpp): RMSNorm,
+silu(gate) * up and the rotary embedding compute what PyTorch computes, give a row the same bits in
+any batch and with any thread count, leave layouts they do not take to the plain path, and come
+and go with Transformer.prepack / unpack."""
+
+import ctypes
+import subprocess
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nano_engine.kernels import build as kernel_build
+from nano_engine.kernels import fused
+from nano_engine.mini_llm import RMSNorm, apply_rope, rope_cos_sin
+from nano_engine.tiny import tiny_model
+
+DTYPES = [torch.float32, torch.bfloat16]
+ROWS = (1, 2, 15, 16, 17, 33, 64, 100, 512, 600)
+
+
+def tol(dtype):
+    return dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -7, atol=2 ** -7)
+
+
+def ops(dtype, dim=576, inter=1536, hd=64, heads=12, rows=700):
+    """The three operations on random inputs, each as f(rows slice) -> output, with its PyTorch reference."""
+    gen = torch.Generator().manual_seed(dim)
+    x = torch.randn(rows, dim, generator=gen).to(dtype)
+    norm = RMSNorm(dim, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(dim, generator=gen) + 0.5)
+    norm = norm.to(dtype)
+    gu = torch.randn(rows, 2 * inter, generator=gen).to(dtype) * 3
+    qk = torch.randn(rows, heads, hd, generator=gen).to(dtype)
+    cos, sin = rope_cos_sin(torch.rand(hd // 2, generator=gen), torch.arange(rows) * 7, dtype)
+
+    def rope(a, b):
+        y = qk[a:b].clone()
+        assert fused.rope_(y, cos[a:b], sin[a:b])
+        return y
+
+    return {
+        "rms_norm": (lambda a, b: fused.rms_norm(x[a:b], norm.weight, norm.eps), lambda a, b: norm(x[a:b])),
+        "silu_mul": (lambda a, b: fused.silu_mul(gu[a:b]),
+                     lambda a, b: (F.silu(gu[a:b, :inter].float()) * gu[a:b, inter:].float()).to(dtype)),
+        "rope": (rope, lambda a, b: apply_rope(qk[a:b].float(), cos[a:b].float(), sin[a:b].float()).to(dtype)),
+    }
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["rms_norm", "silu_mul", "rope"])
+def test_each_computes_what_pytorch_computes(name, dtype):
+    kernel, reference = ops(dtype)[name]
+    got, want = kernel(0, 300), reference(0, 300)
+    assert got.dtype == dtype and got.shape == want.shape
+    assert torch.allclose(got.float(), want.float(), **tol(dtype)), (got.float() - want.float()).abs().max()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["rms_norm", "silu_mul", "rope"])
+def test_a_row_gets_the_same_bits_in_any_batch(name, dtype):
+    kernel, _ = ops(dtype, dim=100, inter=70, hd=24, heads=3)[name]  # sizes that are not multiples of 16 too
+    probe = [0, 1, 15, 16, 17, 99, 511, 599]
+    threads = torch.get_num_threads()
+    try:
+        for n_threads in (1, 2):
+            torch.set_num_threads(n_threads)
+            alone = {p: kernel(p, p + 1)[0] for p in probe}
+            for rows in ROWS:
+                for start in (0, 5):
+                    got = kernel(start, start + rows)
+                    for p in probe:
+                        if start <= p < start + rows:
+                            assert torch.equal(got[p - start], alone[p]), (n_threads, rows, start, p)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_layouts_they_do_not_take_go_back_to_the_plain_path():
+    x = torch.randn(4, 8)
+    assert fused.rms_norm(x.t(), torch.ones(4), 1e-5) is None  # columns not contiguous
+    assert fused.rms_norm(x.double(), torch.ones(8).double(), 1e-5) is None  # float64
+    assert fused.rms_norm(x, torch.ones(8).bfloat16(), 1e-5) is None  # weight of another dtype
+    assert fused.silu_mul(torch.randn(4, 7)) is None  # no even split into gate and up
+    q, cos = torch.randn(3, 2, 8), torch.randn(3, 8)
+    assert not fused.rope_(q.transpose(0, 1), cos, cos)
+    assert not fused.rope_(q, cos[:2], cos[:2])
+
+
+def test_prepack_turns_them_on_and_unpack_off():
+    model = tiny_model(seed=5, dtype=torch.float32)
+    ids, positions = torch.tensor([3, 9, 4, 1]), torch.arange(4)
+    calls = []
+    real = fused.rms_norm
+
+    def spy(*args):
+        calls.append(1)
+        return real(*args)
+
+    with torch.inference_mode():
+        plain = model(ids, positions)
+    model.prepack()
+    assert all(m.fused for m in model.modules() if isinstance(m, RMSNorm))
+    fused.rms_norm = spy
+    try:
+        with torch.inference_mode():
+            packed = model(ids, positions)
+        assert len(calls) == 2 * model.config.num_hidden_layers + 1
+        assert torch.allclose(packed, plain, rtol=1e-4, atol=1e-4)
+        model.unpack()
+        calls.clear()
+        with torch.inference_mode():
+            assert torch.equal(model(ids, positions), plain) and not calls
+    finally:
+        fused.rms_norm = real
+
+
+def test_the_avx2_and_plain_builds_give_this_cpus_bits(tmp_path, monkeypatch):
+    """simd.h's operations round alike on every instruction set, the bfloat16 rounding included."""
+    variants = {"plain C++": "-march=x86-64"}
+    if {"avx2", "fma"} <= kernel_build.cpu_features():
+        variants["AVX2"] = "-march=haswell"
+    results = {}
+    for name, march in [("native", None), *variants.items()]:
+        if march:
+            out = tmp_path / f"{march[7:]}.so"
+            flags = [f for f in kernel_build.FLAGS if not f.startswith("-march")]
+            subprocess.run(["g++", *flags, march, "-o", str(out), str(fused.SOURCE)], check=True)
+            lib = ctypes.CDLL(str(out))
+            fused._declare(lib)
+            monkeypatch.setattr(fused, "library", lambda lib=lib: lib)
+        results[name] = [fn(0, 40) for dtype in DTYPES for fn, _ in ops(dtype, dim=100, inter=70, hd=40).values()]
+    for name in variants:
+        assert all(torch.equal(a, b) for a, b in zip(results[name], results["native"])), name
