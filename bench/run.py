@@ -77,7 +77,8 @@ def reference(model: Transformer, w: Workload, fresh: bool, attention_backend: s
     the kernels), so that later runs and subsets reuse it."""
     package = Path(mini_llm.__file__).parent
     sources = sorted([package / "mini_llm.py", package / "attention.py", package / "sampling.py",
-                      *(package / "kernels").rglob("*.py"), *(package / "kernels").rglob("*.cpp")])
+                      *(package / "kernels").rglob("*.py"), *(package / "kernels").rglob("*.cpp"),
+                      *(package / "kernels").rglob("*.h")])
     code = hashlib.sha256(b"".join(f.read_bytes() for f in sources)).hexdigest()
     env = json.dumps([str(model.dtype), torch.__version__, ONEDNN_FP32, cpu_name(), torch.get_num_threads(),
                       code, getattr(model, "name_or_path", ""), attention_backend]
