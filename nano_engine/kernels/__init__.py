@@ -1,4 +1,6 @@
-"""Kernels below the model: the matmul (linear.py: oneDNN, prepacked weights, batch-invariant row
-rules) and the compiled paged attention (paged_attention.py, csrc/). They import nothing from
-the rest of nano_engine.
+"""Kernels below the model, each giving a row the same bits in any batch: the matmul (linear.py:
+weights prepacked for our AVX-512 and AMX kernels, oneDNN elsewhere), the paged attention
+(paged_attention.py), RMSNorm, SwiGLU's middle and the rotary embedding (fused.py). The C++ sources
+are in csrc/ (simd.h: the 16-lane arithmetic they share), built for this CPU on first use by
+build.py. They import nothing from the rest of nano_engine.
 """
