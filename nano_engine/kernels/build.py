@@ -102,6 +102,17 @@ def build(source: pathlib.Path, instead: str) -> pathlib.Path:
     return path
 
 
+def load_if(source: pathlib.Path, features, declare) -> ctypes.CDLL | None:
+    """The built library, or None where the CPU lacks one of `features` (cpu_features() names) or
+    it cannot be built: for a fast path whose caller keeps its plain one."""
+    if not set(features) <= cpu_features():
+        return None
+    try:
+        return load(source, "the plain path runs instead", declare)
+    except KernelBuildError:
+        return None
+
+
 def load(source: pathlib.Path, instead: str, declare) -> ctypes.CDLL:
     """The built library, loaded once per process; declare(lib) sets its functions' argtypes."""
     with _lock:

@@ -31,10 +31,7 @@ def _declare(lib: ctypes.CDLL) -> None:
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The kernels, built for this CPU; None where they cannot be built (the plain path runs)."""
-    try:
-        return _build.load(SOURCE, "the plain PyTorch path runs instead", _declare)
-    except _build.KernelBuildError:
-        return None
+    return _build.load_if(SOURCE, (), _declare)
 
 
 def available(dtype: torch.dtype) -> bool:

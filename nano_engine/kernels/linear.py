@@ -45,13 +45,8 @@ def _declare_amx(lib: ctypes.CDLL) -> None:
 @functools.cache
 def amx_library() -> ctypes.CDLL | None:
     """The AMX bfloat16 kernel, built for this CPU, if the CPU has AMX and the OS lets us use it."""
-    if not {"amx_tile", "amx_bf16", "avx512_bf16"} <= build.cpu_features():
-        return None
-    try:
-        lib = build.load(AMX_SOURCE, "prepack a float32 model instead", _declare_amx)
-    except build.KernelBuildError:
-        return None
-    return lib if lib.amx_available() else None
+    lib = build.load_if(AMX_SOURCE, {"amx_tile", "amx_bf16", "avx512_bf16"}, _declare_amx)
+    return lib if lib is not None and lib.amx_available() else None
 
 
 def _declare_f32(lib: ctypes.CDLL) -> None:
@@ -65,13 +60,8 @@ def _declare_f32(lib: ctypes.CDLL) -> None:
 @functools.cache
 def f32_library() -> ctypes.CDLL | None:
     """The AVX-512 float32 kernel, built for this CPU, if the CPU has AVX-512."""
-    if "avx512f" not in build.cpu_features():
-        return None
-    try:
-        lib = build.load(F32_SOURCE, "prepack with oneDNN instead", _declare_f32)
-    except build.KernelBuildError:
-        return None
-    return lib if lib.f32_available() else None
+    lib = build.load_if(F32_SOURCE, {"avx512f"}, _declare_f32)
+    return lib if lib is not None and lib.f32_available() else None
 
 
 def can_prepack(dtype: torch.dtype) -> bool:
