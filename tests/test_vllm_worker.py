@@ -79,6 +79,37 @@ def test_outputs_come_back_in_request_order_truncated(tmp_path):
     s.close()  # twice is harmless
 
 
+def _stopped(pid: int, timeout: float = 5.0) -> bool:
+    """Whether the process is stopped (state T), waiting up to `timeout` for a signal to land."""
+    end = time.monotonic() + timeout
+    while True:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return True
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+
+
+def test_the_worker_is_stopped_outside_its_own_turns(tmp_path):
+    """An idle vLLM takes CPU time that would be charged to whichever system runs beside it, so
+    the benchmark stops the worker's process group between its runs."""
+    s = fake(tmp_path)
+    s.setup()
+    try:
+        assert _stopped(s.proc.pid)  # ready, and stopped until its turn
+        s.prepare(W)
+        assert not _stopped(s.proc.pid, timeout=0.2)
+        assert s.run(W.subset(2)) == [[11, 13, 2], [31]]
+        s.finish()
+        assert _stopped(s.proc.pid)
+        assert s.run(W.subset(2)) == [[11, 13, 2], [31]]  # a run without prepare() continues it too
+        proc = s.proc
+    finally:
+        s.close()
+    assert proc.returncode == 0  # continued to quit by itself
+
+
 @pytest.mark.parametrize("mode, when, what", [
     ("die_on_request", "run", "segmentation fault in the attention kernel"),
     ("die_at_start", "setup", "out of memory while allocating the KV cache"),
