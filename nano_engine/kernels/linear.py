@@ -107,7 +107,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         if packed is not None and packed.own and x.dtype == weight.dtype and packed.matches(weight):
             return packed.gemm(x, bias)
         if x.dtype == torch.float32 and ONEDNN_FP32:
-            if packed is not None and packed.matches(weight):
+            if packed is not None and not packed.own and packed.matches(weight):  # oneDNN's own layout
                 weight = packed.tensor
             return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
         if x.dtype in (torch.bfloat16, torch.float16):

@@ -9,8 +9,9 @@ in the source's header), whatever the batch, the chunking, the block size or the
 So `generate(..., attention_backend="c")`, which calls it over one contiguous context, and the
 engine with `attention_backend="c"` give the same bits, row for row, by construction.
 
-It is a setting (`EngineConfig(attention_backend="c")`, `serve --attention-backend c`); the
-default stays the PyTorch code that the chapters teach. The kernel is built on first use for this
+It is a setting (`EngineConfig(attention_backend="c")`, `serve --attention-backend c`). The
+engine's default stays the PyTorch code that the chapters teach; `serve`, the main job and the
+benchmarks run "auto", which is this kernel wherever it builds (`resolve_backend`). The kernel is built on first use for this
 CPU (kernels/build.py: a few seconds, once per CPU) and runs on PyTorch's OpenMP threads, as many
 as torch.get_num_threads().
 """
@@ -83,10 +84,7 @@ class KernelBatch:
     block_tables: torch.Tensor  # (B, max_blocks) int32, short tables padded with block 0 (never read)
     block_size: int
     num_blocks: int  # the cache's size in blocks: every table entry is below it
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.query_start[-1])
+    num_tokens: int  # query_start[-1]: the step's new tokens, q's rows
 
 
 def kernel_batch(query_start: Sequence[int], num_cached: Sequence[int], block_tables: Sequence[Sequence[int]],
@@ -99,7 +97,7 @@ def kernel_batch(query_start: Sequence[int], num_cached: Sequence[int], block_ta
     if len(query_start) != B + 1 or len(block_tables) != B:
         raise ValueError(f"query_start needs {B + 1} entries and block_tables {B} for {B} sequences; "
                          f"got {len(query_start)} and {len(block_tables)}")
-    width = 1
+    rows = []  # each sequence's table, cut to the blocks its context fills
     for s in range(B):
         n, c = query_start[s + 1] - query_start[s], num_cached[s]
         if n < 1 or c < 0:
@@ -108,16 +106,15 @@ def kernel_batch(query_start: Sequence[int], num_cached: Sequence[int], block_ta
         if len(block_tables[s]) < need:
             raise ValueError(f"sequence {s}: a context of {c + n} tokens does not fit its block table of "
                              f"{len(block_tables[s])} blocks of {block_size}")
-        bad = [b for b in block_tables[s][:need] if not 0 <= b < num_blocks]
+        rows.append(list(block_tables[s][:need]))
+        bad = [b for b in rows[-1] if not 0 <= b < num_blocks]
         if bad:
             raise ValueError(f"sequence {s}: block {bad[0]} is outside the cache's {num_blocks} blocks")
-        width = max(width, need)
-    tables = torch.zeros(B, width, dtype=torch.int32)
-    for s in range(B):
-        need = -(-(num_cached[s] + query_start[s + 1] - query_start[s]) // block_size)
-        tables[s, :need] = torch.tensor(list(block_tables[s][:need]), dtype=torch.int32)
+    width = max((len(r) for r in rows), default=1)
+    tables = torch.tensor([r + [0] * (width - len(r)) for r in rows] or [[0]], dtype=torch.int32)
     return KernelBatch(torch.tensor(list(query_start), dtype=torch.int32),
-                       torch.tensor(list(num_cached), dtype=torch.int32), tables, block_size, num_blocks)
+                       torch.tensor(list(num_cached), dtype=torch.int32), tables, block_size, num_blocks,
+                       int(query_start[-1]))
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: KernelBatch) -> torch.Tensor:
