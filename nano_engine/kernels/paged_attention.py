@@ -48,10 +48,17 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn = getattr(lib, f"paged_attention_{name}")
         fn.argtypes = [P] * 7 + [I] * 6 + [ctypes.c_float, I]
         fn.restype = None
+    lib.paged_attention_amx.restype = I
 
 
 def library() -> ctypes.CDLL:
     return _build.load(SOURCE, INSTEAD, _declare)
+
+
+def bfloat16_on_amx() -> bool:
+    """Whether bfloat16 runs on AMX tiles here (Sapphire Rapids and later): weights rounded to
+    bfloat16 before they multiply V, so other bits than the vector code's (both batch-invariant)."""
+    return bool(library().paged_attention_amx())
 
 
 def resolve_backend(name: str, dtype: torch.dtype) -> str:

@@ -34,6 +34,12 @@
 
 #include "simd.h"
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define NANO_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace {
 
 using namespace simd;
@@ -193,6 +199,245 @@ template <typename T> ItemFn<T> item_fn(int hd) {  // head_dim up to 256
     }
 }
 
+#ifdef NANO_AMX
+// bfloat16 on AMX tiles (Sapphire Rapids and later). Scores come out transposed, keys x query
+// vectors (S^T = K Q^T), so that K is read straight from its block as a tile's 16 rows, without a
+// copy; the weights are rounded to bfloat16 and multiplied into V the same way. Each number of a
+// row is again one fixed chain:
+//   score(q, k) = the tiles' sum over head_dim, 32 products per TDPBF16PS in ascending slices,
+//       times scale (a product of two bfloat16 is exact in float32);
+//   m = the largest score the row sees;
+//   w_p = bfloat16(exp(score_p - m)) (the same polynomial), 0 past the row's last position;
+//   sum = w_0 + w_1 + ... in ascending p, in float32;
+//   out = (the tiles' sum over p of w_p * V_p, 32 positions per TDPBF16PS, ascending) * (1 / sum).
+// A tile's element depends on one row of its left operand and one column of its right one, never
+// on the rows or columns beside it, so a row's bits do not depend on its company here either.
+// They differ from the vector code's bits (whose weights stay float32): on a CPU with AMX every
+// bfloat16 call runs this code, generate() included.
+namespace amx {
+
+bool permitted() {  // Linux hands out the tile registers on request, once per process
+    static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    return ok;
+}
+
+struct alignas(64) TileConfig {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+void configure() {  // eight tiles of 16 rows x 64 bytes: 16 x 32 bfloat16 or 16 x 16 float
+    TileConfig c;
+    std::memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) c.rows[t] = 16, c.colsb[t] = 64;
+    _tile_loadconfig(&c);
+}
+
+struct Scratch {
+    std::vector<uint16_t> qt, kg, p, vp;
+    std::vector<float> st, acc;
+};
+
+// r[i] holds row i of a 16 x 16 matrix of 32-bit elements; afterwards, column i.
+inline void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    // u[4b + c], 128-bit lane L: column 4L + c of rows 4b .. 4b + 3
+    __m512i u[16];
+    for (int b = 0; b < 4; b++) {
+        u[4 * b] = _mm512_unpacklo_epi64(t[4 * b], t[4 * b + 2]);
+        u[4 * b + 1] = _mm512_unpackhi_epi64(t[4 * b], t[4 * b + 2]);
+        u[4 * b + 2] = _mm512_unpacklo_epi64(t[4 * b + 1], t[4 * b + 3]);
+        u[4 * b + 3] = _mm512_unpackhi_epi64(t[4 * b + 1], t[4 * b + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        const __m512i xl = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), xh = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+        const __m512i yl = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44), yh = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+        r[c] = _mm512_shuffle_i32x4(xl, yl, 0x88);
+        r[4 + c] = _mm512_shuffle_i32x4(xl, yl, 0xDD);
+        r[8 + c] = _mm512_shuffle_i32x4(xh, yh, 0x88);
+        r[12 + c] = _mm512_shuffle_i32x4(xh, yh, 0xDD);
+    }
+}
+
+inline __m512i load32(const uint16_t *src, int n) {  // the first n (<= 32) of 32 bfloat16, zeros after
+    const __mmask32 m = n >= 32 ? 0xffffffffu : n <= 0 ? 0u : (1u << n) - 1;
+    return _mm512_maskz_loadu_epi16(m, src);
+}
+
+// The rows row0..row1-1 of one sequence, for one KV head (the same items as the vector code).
+void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
+              uint16_t *out, Scratch &s) {
+    const int G = b.nh / b.nkv, hd = b.hd;
+    const int start = b.query_start[it.seq], cached = b.num_cached[it.seq];
+    const int nv = (it.row1 - it.row0) * G, groups = (nv + 15) / 16;  // query vectors, in groups of 16
+    const int end = cached + it.row1 - start;                           // keys the last row sees
+    const int blocks = (end + 31) / 32, width = blocks * 32;            // 32 keys a block
+    const int nkb = (hd + 31) / 32, nd = (hd + 15) / 16, kw = nkb * 32;  // 32-wide slices, 16-wide dims
+    const int32_t *table = b.tables + static_cast<int64_t>(it.seq) * b.max_blocks;
+    const int64_t stride = static_cast<int64_t>(b.nkv) * hd;
+    auto row_of = [&](const uint16_t *cache, int p) {
+        return cache + (static_cast<int64_t>(table[p / b.bs]) * b.bs + p % b.bs) * stride + it.head * hd;
+    };
+    // Q^T in the pair layout TDPBF16PS reads: tile (g, kb), row kk, column n = dims 32kb + 2kk, +1 of vector 16g + n.
+    s.qt.assign(static_cast<size_t>(groups) * nkb * 512, 0);
+    for (int j = 0; j < nv; j++) {
+        const uint16_t *src = q + (static_cast<int64_t>(it.row0 + j / G) * b.nh + it.head * G + j % G) * hd;
+        uint16_t *dst = &s.qt[static_cast<size_t>(j / 16) * nkb * 512 + (j % 16) * 2];
+        for (int i = 0; i < hd; i++) dst[(i / 32) * 512 + (i % 32 / 2) * 32 + i % 2] = src[i];
+    }
+    // Scores, S^T: for each 32 keys, two tiles of 16 keys (read in place where a tile is 16 rows of one
+    // block and whole 32-dim slices, else copied with zeros past `end`) times each group's Q^T.
+    s.st.resize(static_cast<size_t>(width) * 32);
+    s.kg.resize(static_cast<size_t>(2) * 16 * kw);
+    const bool slices = hd % 32 == 0;
+    for (int blk = 0; blk < blocks; blk++) {
+        const uint16_t *a[2];
+        long lda[2];
+        for (int h = 0; h < 2; h++) {
+            const int p0 = 32 * blk + 16 * h;
+            if (slices && p0 < end && p0 % b.bs + 16 <= b.bs) {  // keys past `end` here are masked below
+                a[h] = row_of(k_cache, p0), lda[h] = stride * 2;
+            } else {
+                uint16_t *dst = &s.kg[static_cast<size_t>(h) * 16 * kw];
+                std::fill(dst, dst + 16 * kw, 0);
+                for (int r = 0; r < 16 && p0 + r < end; r++) std::memcpy(dst + r * kw, row_of(k_cache, p0 + r), 2 * hd);
+                a[h] = dst, lda[h] = 2 * kw;
+            }
+        }
+        _tile_zero(4);
+        _tile_zero(5);
+        _tile_zero(6);
+        _tile_zero(7);
+        for (int kb = 0; kb < nkb; kb++) {  // head_dim in ascending slices
+            _tile_loadd(0, a[0] + 32 * kb, lda[0]);
+            _tile_loadd(1, a[1] + 32 * kb, lda[1]);
+            _tile_loadd(2, &s.qt[static_cast<size_t>(kb) * 512], 64);
+            _tile_dpbf16ps(4, 0, 2);
+            _tile_dpbf16ps(6, 1, 2);
+            if (groups > 1) {
+                _tile_loadd(3, &s.qt[static_cast<size_t>(nkb + kb) * 512], 64);
+                _tile_dpbf16ps(5, 0, 3);
+                _tile_dpbf16ps(7, 1, 3);
+            }
+        }
+        float *st = &s.st[static_cast<size_t>(blk) * 32 * 32];  // row p: the 32 vectors' scores of key p
+        _tile_stored(4, st, 128);
+        _tile_stored(6, st + 16 * 32, 128);
+        if (groups > 1) {
+            _tile_stored(5, st + 16, 128);
+            _tile_stored(7, st + 16 * 32 + 16, 128);
+        }
+    }
+    // Softmax down the columns (a lane is a query vector), weights rounded to bfloat16 and turned
+    // back to rows of P (vector x keys) for the second product.
+    s.p.resize(static_cast<size_t>(groups) * 16 * width);
+    alignas(64) float sums[32];
+    const __m512 scale = _mm512_set1_ps(b.scale);
+    for (int g = 0; g < groups; g++) {
+        alignas(64) int32_t seen[16];
+        int most = 0;
+        for (int n = 0; n < 16; n++) {
+            const int j = 16 * g + n;
+            seen[n] = j < nv ? cached + (it.row0 + j / G - start) + 1 : 0;
+            most = std::max(most, seen[n]);
+        }
+        const __m512i seenv = _mm512_load_si512(seen);
+        __m512 m = _mm512_set1_ps(-INFINITY);
+        for (int p = 0; p < most; p++) {
+            const __mmask16 live = _mm512_cmpgt_epi32_mask(seenv, _mm512_set1_epi32(p));
+            m = _mm512_mask_max_ps(m, live, m, _mm512_mul_ps(_mm512_loadu_ps(&s.st[static_cast<size_t>(p) * 32 + 16 * g]), scale));
+        }
+        __m512 sum = _mm512_setzero_ps();
+        for (int p0 = 0; p0 < width; p0 += 32) {
+            __m512i pr[16];  // pr[kk], lane n: the weights of keys p0 + 2kk and p0 + 2kk + 1 for vector n
+            for (int kk = 0; kk < 16; kk++) {
+                __m512i half[2];
+                for (int e = 0; e < 2; e++) {
+                    const int p = p0 + 2 * kk + e;
+                    const __mmask16 live = _mm512_cmpgt_epi32_mask(seenv, _mm512_set1_epi32(p));
+                    const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(&s.st[static_cast<size_t>(p) * 32 + 16 * g]), scale);
+                    const __m512 w = _mm512_maskz_mov_ps(live, simd::exp(V16{_mm512_sub_ps(x, m)}).v);
+                    const __m256i w16 = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(w));
+                    half[e] = _mm512_cvtepu16_epi32(w16);
+                    sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_slli_epi32(half[e], 16)));
+                }
+                pr[kk] = _mm512_or_si512(half[0], _mm512_slli_epi32(half[1], 16));
+            }
+            transpose16(pr);  // pr[n]: vector 16g + n's weights of keys p0 .. p0 + 31
+            for (int n = 0; n < 16; n++)
+                _mm512_storeu_si512(&s.p[static_cast<size_t>(16 * g + n) * width + p0], pr[n]);
+        }
+        _mm512_store_ps(sums + 16 * g, sum);
+    }
+    // V in the pair layout: tile (block, d), row kk, column n = V[32 block + 2kk][16d + n] and
+    // V[32 block + 2kk + 1][16d + n]; zeros past `end` (a weight of 0 times them adds exact zeros).
+    s.vp.resize(static_cast<size_t>(blocks) * nd * 512);
+    alignas(64) static const uint16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                                    8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (int p = 0; p < width; p += 2) {
+        const uint16_t *r0 = p < end ? row_of(v_cache, p) : nullptr, *r1 = p + 1 < end ? row_of(v_cache, p + 1) : nullptr;
+        uint16_t *dst = &s.vp[static_cast<size_t>(p / 32) * nd * 512 + (p % 32 / 2) * 32];
+        for (int c = 0; c < nkb; c++) {
+            const __m512i x0 = r0 ? load32(r0 + 32 * c, hd - 32 * c) : _mm512_setzero_si512();
+            const __m512i x1 = r1 ? load32(r1 + 32 * c, hd - 32 * c) : _mm512_setzero_si512();
+            _mm512_storeu_si512(dst + 2 * c * 512, _mm512_permutex2var_epi16(x0, lo, x1));
+            if (2 * c + 1 < nd) _mm512_storeu_si512(dst + (2 * c + 1) * 512, _mm512_permutex2var_epi16(x0, hi, x1));
+        }
+    }
+    // P V, per group of 16 vectors and four 16-wide column tiles at a time, keys in ascending blocks.
+    const int aw = nd * 16;
+    s.acc.resize(static_cast<size_t>(groups) * 16 * aw);
+    for (int g = 0; g < groups; g++) {
+        for (int d0 = 0; d0 < nd; d0 += 4) {
+            const int n = std::min(4, nd - d0);
+            _tile_zero(4);
+            _tile_zero(5);
+            _tile_zero(6);
+            _tile_zero(7);
+            for (int blk = 0; blk < blocks; blk++) {
+                const uint16_t *vb = &s.vp[(static_cast<size_t>(blk) * nd + d0) * 512];
+                _tile_loadd(0, &s.p[static_cast<size_t>(16 * g) * width + 32 * blk], 2 * width);
+                _tile_loadd(1, vb, 64);
+                _tile_dpbf16ps(4, 0, 1);
+                if (n > 1) {
+                    _tile_loadd(2, vb + 512, 64);
+                    _tile_dpbf16ps(5, 0, 2);
+                }
+                if (n > 2) {
+                    _tile_loadd(3, vb + 1024, 64);
+                    _tile_dpbf16ps(6, 0, 3);
+                }
+                if (n > 3) {
+                    _tile_loadd(1, vb + 1536, 64);
+                    _tile_dpbf16ps(7, 0, 1);
+                }
+            }
+            float *acc = &s.acc[static_cast<size_t>(16 * g) * aw + 16 * d0];
+            _tile_stored(4, acc, 4 * aw);
+            if (n > 1) _tile_stored(5, acc + 16, 4 * aw);
+            if (n > 2) _tile_stored(6, acc + 32, 4 * aw);
+            if (n > 3) _tile_stored(7, acc + 48, 4 * aw);
+        }
+    }
+    for (int j = 0; j < nv; j++) {
+        float *aj = &s.acc[static_cast<size_t>(j) * aw];
+        const V16 inv = bcast(1.0f / sums[j]);
+        for (int c = 0; c < nd; c++) store(aj + 16 * c, mul(load(aj + 16 * c), inv));
+        uint16_t *o = out + (static_cast<int64_t>(it.row0 + j / G) * b.nh + it.head * G + j % G) * hd;
+        for (int i = 0; i < hd; i++) narrow(aj[i], o + i);
+    }
+}
+
+}  // namespace amx
+#endif
+
 template <typename T>
 void attention(const T *q, const T *k_cache, const T *v_cache, T *out, const Batch &b, int num_seqs, int threads) {
     const int G = b.nh / b.nkv, rows_per_item = std::max(1, MAX_VECTORS / G);
@@ -208,6 +453,21 @@ void attention(const T *q, const T *k_cache, const T *v_cache, T *out, const Bat
     // The heaviest first, so that no thread is left with a long one at the end (bits do not depend on it).
     std::stable_sort(items.begin(), items.end(), [](const Item &x, const Item &y) { return x.cost > y.cost; });
     const int n = static_cast<int>(items.size());
+#ifdef NANO_AMX
+    if constexpr (sizeof(T) == 2) {
+        if (amx::permitted()) {
+#pragma omp parallel num_threads(threads)
+            {
+                amx::Scratch scratch;
+                amx::configure();
+#pragma omp for schedule(dynamic, 1)
+                for (int i = 0; i < n; i++) amx::run_item(items[i], b, q, k_cache, v_cache, out, scratch);
+                _tile_release();
+            }
+            return;
+        }
+    }
+#endif
     const ItemFn<T> run = item_fn<T>(b.hd);
 #pragma omp parallel num_threads(threads)
     {
@@ -218,6 +478,15 @@ void attention(const T *q, const T *k_cache, const T *v_cache, T *out, const Bat
 }
 
 }  // namespace
+
+// Whether bfloat16 runs on AMX tiles here (else on the vector code, with other bits).
+extern "C" int paged_attention_amx() {
+#ifdef NANO_AMX
+    return amx::permitted();
+#else
+    return 0;
+#endif
+}
 
 // q, out: (T, nh, hd); k_cache, v_cache: (slots, nkv, hd); query_start: (B + 1,); num_cached: (B,);
 // tables: (B, max_blocks), all int32. The K and V of the new tokens are in the cache already.
