@@ -23,7 +23,7 @@
 //
 // bfloat16 is widened to float32 on load (exact) and the output rounded once, to nearest even.
 //
-// Work: (sequence, KV head, up to 32 query vectors of it) per item; the nh / nkv query heads that
+// Work: (sequence, KV head, up to 32 query vectors of it, 64 on AMX) per item; the nh / nkv query heads that
 // share a KV head use each K and V row the item reads. Items go to PyTorch's OpenMP threads.
 // Built by kernels/build.py with -march=native; loaded with ctypes by kernels/paged_attention.py.
 #include <algorithm>
@@ -57,6 +57,7 @@ struct Item {
 
 constexpr int TILE = 16;        // keys per tile
 constexpr int MAX_VECTORS = 32;  // query vectors (rows x heads sharing a KV head) per item
+constexpr int MAX_VECTORS_AMX = 64;  // four groups of 16, one tile each
 
 struct Scratch {
     std::vector<float> q, scores, kv, acc, inv;
@@ -204,12 +205,14 @@ template <typename T> ItemFn<T> item_fn(int hd) {  // head_dim up to 256
 // vectors (S^T = K Q^T), so that K is read straight from its block as a tile's 16 rows, without a
 // copy; the weights are rounded to bfloat16 and multiplied into V the same way. Each number of a
 // row is again one fixed chain:
-//   score(q, k) = the tiles' sum over head_dim, 32 products per TDPBF16PS in ascending slices,
-//       times scale (a product of two bfloat16 is exact in float32);
-//   m = the largest score the row sees;
-//   w_p = bfloat16(exp(score_p - m)) (the same polynomial), 0 past the row's last position;
-//   sum = w_0 + w_1 + ... in ascending p, in float32;
-//   out = (the tiles' sum over p of w_p * V_p, 32 positions per TDPBF16PS, ascending) * (1 / sum).
+//   s_p = q . k_p, the tiles' sum over head_dim, 32 products per TDPBF16PS in ascending slices (a
+//       product of two bfloat16 is exact in float32);
+//   m = the largest s_p the row sees; c = scale * log2(e), rounded to float;
+//   w_p = 2^(s_p c - m c) (one fused multiply-subtract, then a polynomial, below), 0 past the
+//       row's last position; sum = the w_p in four running parts, key p into part p % 4, then
+//       (part 0 + part 1) + (part 2 + part 3);
+//   out = (the tiles' sum over p of bfloat16(w_p) * V_p, 32 positions per TDPBF16PS, ascending)
+//       * (1 / sum).
 // A tile's element depends on one row of its left operand and one column of its right one, never
 // on the rows or columns beside it, so a row's bits do not depend on its company here either.
 // They differ from the vector code's bits (whose weights stay float32): on a CPU with AMX every
@@ -238,6 +241,7 @@ void configure() {  // eight tiles of 16 rows x 64 bytes: 16 x 32 bfloat16 or 16
 struct Scratch {
     std::vector<uint16_t> qt, kg, p, vp;
     std::vector<float> st, acc;
+    std::vector<int64_t> at;
 };
 
 // r[i] holds row i of a 16 x 16 matrix of 32-bit elements; afterwards, column i.
@@ -281,9 +285,12 @@ void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t 
     const int nkb = (hd + 31) / 32, nd = (hd + 15) / 16, kw = nkb * 32;  // 32-wide slices, 16-wide dims
     const int32_t *table = b.tables + static_cast<int64_t>(it.seq) * b.max_blocks;
     const int64_t stride = static_cast<int64_t>(b.nkv) * hd;
-    auto row_of = [&](const uint16_t *cache, int p) {
-        return cache + (static_cast<int64_t>(table[p / b.bs]) * b.bs + p % b.bs) * stride + it.head * hd;
-    };
+    s.at.resize(end);  // key p's row of this head: cache + at[p]
+    for (int p = 0, blk = 0, off = 0; p < end; p++) {
+        s.at[p] = (static_cast<int64_t>(table[blk]) * b.bs + off) * stride + it.head * hd;
+        if (++off == b.bs) blk++, off = 0;
+    }
+    auto row_of = [&](const uint16_t *cache, int p) { return cache + s.at[p]; };
     // Q^T in the pair layout TDPBF16PS reads: tile (g, kb), row kk, column n = dims 32kb + 2kk, +1 of vector 16g + n.
     s.qt.assign(static_cast<size_t>(groups) * nkb * 512, 0);
     for (int j = 0; j < nv; j++) {
@@ -291,89 +298,108 @@ void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t 
         uint16_t *dst = &s.qt[static_cast<size_t>(j / 16) * nkb * 512 + (j % 16) * 2];
         for (int i = 0; i < hd; i++) dst[(i / 32) * 512 + (i % 32 / 2) * 32 + i % 2] = src[i];
     }
-    // Scores, S^T: for each 32 keys, two tiles of 16 keys (read in place where a tile is 16 rows of one
-    // block and whole 32-dim slices, else copied with zeros past `end`) times each group's Q^T.
-    s.st.resize(static_cast<size_t>(width) * 32);
-    s.kg.resize(static_cast<size_t>(2) * 16 * kw);
+    // Scores, S^T: for each 16 keys, one tile of K (read in place where its 16 rows lie in one block
+    // and head_dim is whole 32-wide slices, else copied, with zeros past `end`) times the Q^T of each
+    // group, one output tile per group.
+    s.st.resize(static_cast<size_t>(width) * 64);
+    s.kg.resize(static_cast<size_t>(16) * kw);
     const bool slices = hd % 32 == 0;
-    for (int blk = 0; blk < blocks; blk++) {
-        const uint16_t *a[2];
-        long lda[2];
-        for (int h = 0; h < 2; h++) {
-            const int p0 = 32 * blk + 16 * h;
-            if (slices && p0 < end && p0 % b.bs + 16 <= b.bs) {  // keys past `end` here are masked below
-                a[h] = row_of(k_cache, p0), lda[h] = stride * 2;
-            } else {
-                uint16_t *dst = &s.kg[static_cast<size_t>(h) * 16 * kw];
-                std::fill(dst, dst + 16 * kw, 0);
-                for (int r = 0; r < 16 && p0 + r < end; r++) std::memcpy(dst + r * kw, row_of(k_cache, p0 + r), 2 * hd);
-                a[h] = dst, lda[h] = 2 * kw;
-            }
+    for (int p0 = 0; p0 < width; p0 += 16) {
+        const uint16_t *a;
+        long lda;
+        if (slices && p0 < end && p0 % b.bs + 16 <= b.bs) {  // keys past `end` here are masked below
+            a = row_of(k_cache, p0), lda = stride * 2;
+        } else {
+            uint16_t *dst = s.kg.data();
+            std::fill(dst, dst + 16 * kw, 0);
+            for (int r = 0; r < 16 && p0 + r < end; r++) std::memcpy(dst + r * kw, row_of(k_cache, p0 + r), 2 * hd);
+            a = dst, lda = 2 * kw;
         }
         _tile_zero(4);
         _tile_zero(5);
         _tile_zero(6);
         _tile_zero(7);
-        for (int kb = 0; kb < nkb; kb++) {  // head_dim in ascending slices
-            _tile_loadd(0, a[0] + 32 * kb, lda[0]);
-            _tile_loadd(1, a[1] + 32 * kb, lda[1]);
-            _tile_loadd(2, &s.qt[static_cast<size_t>(kb) * 512], 64);
-            _tile_dpbf16ps(4, 0, 2);
-            _tile_dpbf16ps(6, 1, 2);
+        for (int kb = 0; kb < nkb; kb++) {  // head_dim in ascending slices; tile 4 + g: group g
+            const uint16_t *qt = &s.qt[static_cast<size_t>(kb) * 512];
+            _tile_loadd(0, a + 32 * kb, lda);
+            _tile_loadd(1, qt, 64);
+            _tile_dpbf16ps(4, 0, 1);
             if (groups > 1) {
-                _tile_loadd(3, &s.qt[static_cast<size_t>(nkb + kb) * 512], 64);
-                _tile_dpbf16ps(5, 0, 3);
-                _tile_dpbf16ps(7, 1, 3);
+                _tile_loadd(2, qt + nkb * 512, 64);
+                _tile_dpbf16ps(5, 0, 2);
+            }
+            if (groups > 2) {
+                _tile_loadd(3, qt + 2 * nkb * 512, 64);
+                _tile_dpbf16ps(6, 0, 3);
+            }
+            if (groups > 3) {
+                _tile_loadd(1, qt + 3 * nkb * 512, 64);
+                _tile_dpbf16ps(7, 0, 1);
             }
         }
-        float *st = &s.st[static_cast<size_t>(blk) * 32 * 32];  // row p: the 32 vectors' scores of key p
-        _tile_stored(4, st, 128);
-        _tile_stored(6, st + 16 * 32, 128);
-        if (groups > 1) {
-            _tile_stored(5, st + 16, 128);
-            _tile_stored(7, st + 16 * 32 + 16, 128);
-        }
+        float *st = &s.st[static_cast<size_t>(p0) * 64];  // row p: the 64 vectors' scores of key p
+        _tile_stored(4, st, 256);
+        if (groups > 1) _tile_stored(5, st + 16, 256);
+        if (groups > 2) _tile_stored(6, st + 32, 256);
+        if (groups > 3) _tile_stored(7, st + 48, 256);
     }
-    // Softmax down the columns (a lane is a query vector), weights rounded to bfloat16 and turned
-    // back to rows of P (vector x keys) for the second product.
+    // Softmax down the columns (a lane is a query vector), in base 2 with the scale folded in, the
+    // weights rounded to bfloat16 in pairs of keys and turned back to rows of P (vector x keys).
     s.p.resize(static_cast<size_t>(groups) * 16 * width);
-    alignas(64) float sums[32];
-    const __m512 scale = _mm512_set1_ps(b.scale);
+    alignas(64) float sums[64];
+    const __m512 c = _mm512_set1_ps(b.scale * 1.44269504088896341f);
+    alignas(64) static const uint16_t pair_idx[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                                      8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i pairs = _mm512_load_si512(pair_idx);
     for (int g = 0; g < groups; g++) {
         alignas(64) int32_t seen[16];
-        int most = 0;
+        int most = 0, least = INT32_MAX;
+        __mmask16 used = 0;
         for (int n = 0; n < 16; n++) {
             const int j = 16 * g + n;
             seen[n] = j < nv ? cached + (it.row0 + j / G - start) + 1 : 0;
+            if (j < nv) used |= static_cast<__mmask16>(1u << n), least = std::min(least, seen[n]);
             most = std::max(most, seen[n]);
         }
         const __m512i seenv = _mm512_load_si512(seen);
-        __m512 m = _mm512_set1_ps(-INFINITY);
-        for (int p = 0; p < most; p++) {
-            const __mmask16 live = _mm512_cmpgt_epi32_mask(seenv, _mm512_set1_epi32(p));
-            m = _mm512_mask_max_ps(m, live, m, _mm512_mul_ps(_mm512_loadu_ps(&s.st[static_cast<size_t>(p) * 32 + 16 * g]), scale));
-        }
-        __m512 sum = _mm512_setzero_ps();
+        auto live = [&](int p) {  // the vectors that see key p
+            return p < least ? used : _mm512_cmpgt_epi32_mask(seenv, _mm512_set1_epi32(p));
+        };
+        auto score = [&](int p) { return _mm512_loadu_ps(&s.st[static_cast<size_t>(p) * 64 + 16 * g]); };
+        __m512 mx[4];  // the maximum, in four running parts (a maximum has no order)
+        for (int r = 0; r < 4; r++) mx[r] = _mm512_set1_ps(-INFINITY);
+        for (int p = 0; p < most; p++) mx[p % 4] = _mm512_mask_max_ps(mx[p % 4], live(p), mx[p % 4], score(p));
+        const __m512 mc = _mm512_mul_ps(_mm512_max_ps(_mm512_max_ps(mx[0], mx[1]), _mm512_max_ps(mx[2], mx[3])), c);
+        __m512 part[4];  // the sum in four parts, key p into part p % 4
+        for (int r = 0; r < 4; r++) part[r] = _mm512_setzero_ps();
         for (int p0 = 0; p0 < width; p0 += 32) {
             __m512i pr[16];  // pr[kk], lane n: the weights of keys p0 + 2kk and p0 + 2kk + 1 for vector n
             for (int kk = 0; kk < 16; kk++) {
-                __m512i half[2];
+                __m512 w[2];
                 for (int e = 0; e < 2; e++) {
                     const int p = p0 + 2 * kk + e;
-                    const __mmask16 live = _mm512_cmpgt_epi32_mask(seenv, _mm512_set1_epi32(p));
-                    const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(&s.st[static_cast<size_t>(p) * 32 + 16 * g]), scale);
-                    const __m512 w = _mm512_maskz_mov_ps(live, simd::exp(V16{_mm512_sub_ps(x, m)}).v);
-                    const __m256i w16 = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(w));
-                    half[e] = _mm512_cvtepu16_epi32(w16);
-                    sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_slli_epi32(half[e], 16)));
+                    // 2^t, t = s c - m c = n + f with n an integer and |f| <= 1/2: 2^f by its Taylor
+                    // polynomial of degree 5 (relative error under 3e-6), times 2^n.
+                    const __m512 t = _mm512_fmsub_ps(score(p), c, mc);
+                    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                    const __m512 f = _mm512_sub_ps(t, n);
+                    __m512 y = _mm512_set1_ps(1.3333558e-3f);
+                    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.6181291e-3f));
+                    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.5504109e-2f));
+                    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.4022651e-1f));
+                    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.9314718e-1f));
+                    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
+                    w[e] = _mm512_maskz_scalef_ps(live(p), y, n);
+                    part[p % 4] = _mm512_add_ps(part[p % 4], w[e]);
                 }
-                pr[kk] = _mm512_or_si512(half[0], _mm512_slli_epi32(half[1], 16));
+                // 16-bit element 2n: key p0 + 2kk of vector n; 2n + 1: key p0 + 2kk + 1
+                pr[kk] = _mm512_permutexvar_epi16(pairs, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(w[1], w[0])));
             }
             transpose16(pr);  // pr[n]: vector 16g + n's weights of keys p0 .. p0 + 31
             for (int n = 0; n < 16; n++)
                 _mm512_storeu_si512(&s.p[static_cast<size_t>(16 * g + n) * width + p0], pr[n]);
         }
-        _mm512_store_ps(sums + 16 * g, sum);
+        _mm512_store_ps(sums + 16 * g, _mm512_add_ps(_mm512_add_ps(part[0], part[1]), _mm512_add_ps(part[2], part[3])));
     }
     // V in the pair layout: tile (block, d), row kk, column n = V[32 block + 2kk][16d + n] and
     // V[32 block + 2kk + 1][16d + n]; zeros past `end` (a weight of 0 times them adds exact zeros).
@@ -440,7 +466,11 @@ void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t 
 
 template <typename T>
 void attention(const T *q, const T *k_cache, const T *v_cache, T *out, const Batch &b, int num_seqs, int threads) {
-    const int G = b.nh / b.nkv, rows_per_item = std::max(1, MAX_VECTORS / G);
+    bool tiles = false;  // bfloat16 on AMX
+#ifdef NANO_AMX
+    if constexpr (sizeof(T) == 2) tiles = amx::permitted();
+#endif
+    const int G = b.nh / b.nkv, rows_per_item = std::max(1, (tiles ? MAX_VECTORS_AMX : MAX_VECTORS) / G);
     std::vector<Item> items;
     for (int s = 0; s < num_seqs; s++) {
         const int a = b.query_start[s], e = b.query_start[s + 1];
@@ -455,7 +485,7 @@ void attention(const T *q, const T *k_cache, const T *v_cache, T *out, const Bat
     const int n = static_cast<int>(items.size());
 #ifdef NANO_AMX
     if constexpr (sizeof(T) == 2) {
-        if (amx::permitted()) {
+        if (tiles) {
 #pragma omp parallel num_threads(threads)
             {
                 amx::Scratch scratch;
