@@ -20,7 +20,8 @@ from nano_engine.tiny import tiny_model
 from test_attention import random_step
 
 DTYPES = [torch.float32, torch.bfloat16]
-HEADS = [(9, 3, 64), (16, 8, 128), (4, 4, 12), (4, 2, 8)]  # (nh, nkv, hd): SmolLM2, Qwen3-0.6B, odd, tiny
+# (nh, nkv, hd): SmolLM2, Qwen3-0.6B, odd, tiny, and more query heads a KV head (70) than an item holds (64)
+HEADS = [(9, 3, 64), (16, 8, 128), (4, 4, 12), (4, 2, 8), (70, 1, 16)]
 
 
 def scattered(gen, length, nkv, hd, bs, dtype):
@@ -102,7 +103,7 @@ def test_it_computes_attention(nh, nkv, hd, dtype):
         v = torch.randn(cached + T, nkv, hd, generator=gen).to(dtype)
         got = kernels.contiguous_attention(q, k, v, cached).double()
         want = attention(q.double(), k.double(), v.double(), cached)
-        tol = 2e-6 if dtype == torch.float32 else 2 ** -7
+        tol = 1e-5 if dtype == torch.float32 else 2 ** -7  # float32: a score is one chain of head_dim products
         assert torch.allclose(got, want, rtol=tol, atol=tol), (T, cached, (got - want).abs().max())
 
 

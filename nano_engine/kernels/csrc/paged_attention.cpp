@@ -9,12 +9,11 @@
 // Batch invariance. Every number a row's output is made of is computed by the same chain of
 // float32 operations, in an order that depends on positions alone, never on the rows that share the
 // call, the chunk the row came in, the block size or the number of threads:
-//   score(q, k) = tree(lane sums) * scale, where lane l (0..15) sums q[i] * k[i] over the i with
-//       i % 16 == l, in ascending i, with fused multiply-adds (head_dim padded with zeros to a
-//       multiple of 16), and tree() adds the 16 lanes pairwise: l + (l + 8), then + 4, + 2, + 1;
+//   score(q, k) = (q[0] * k[0], then + q[i] * k[i] in ascending i by fused multiply-adds) * scale;
 //   m = the largest score the row sees (a maximum has no order);
-//   e_p = exp(score_p - m), by the polynomial below (the same few operations for every p);
-//   sum = tree(16 lane sums of e_p, lane l taking the p with p % 16 == l in ascending p);
+//   e_p = exp(score_p - m), by the polynomial in simd.h (the same few operations for every p);
+//   sum = tree(16 lane sums of e_p, lane l taking the p with p % 16 == l in ascending p), where
+//       tree() adds the 16 lanes pairwise: l + (l + 8), then + 4, + 2, + 1;
 //   out = (sum over p, ascending, of e_p * V_p with fused multiply-adds) * (1 / sum).
 // Keys past a row's last position contribute exact zeros (e_p = 0), so a row computed alongside a
 // longer one, or in a tile that runs past its end, gets the same bits as alone. A fused
@@ -23,7 +22,7 @@
 //
 // bfloat16 is widened to float32 on load (exact) and the output rounded once, to nearest even.
 //
-// Work: (sequence, KV head, up to 32 query vectors of it, 64 on AMX) per item; the nh / nkv query heads that
+// Work: (sequence, KV head, up to 64 query vectors of it) per item; the nh / nkv query heads that
 // share a KV head use each K and V row the item reads. Items go to PyTorch's OpenMP threads.
 // Built by kernels/build.py with -march=native; loaded with ctypes by kernels/paged_attention.py.
 #include <algorithm>
@@ -52,16 +51,69 @@ struct Batch {
 
 struct Item {
     int seq, head, row0, row1;  // KV head `head` of sequence `seq`, its query rows row0 .. row1 - 1
+    int h0, h1;                 // and of the query heads that share that KV head, h0 .. h1 - 1
     int64_t cost;
 };
 
 constexpr int TILE = 16;        // keys per tile
-constexpr int MAX_VECTORS = 32;  // query vectors (rows x heads sharing a KV head) per item
-constexpr int MAX_VECTORS_AMX = 64;  // four groups of 16, one tile each
+constexpr int MAX_VECTORS = 64;  // query vectors (rows x heads sharing a KV head) per item: four groups of 16
 
 struct Scratch {
-    std::vector<float> q, scores, kv, acc, inv;
+    std::vector<float> q, scores, kv, kt, acc, inv;
+    std::vector<int64_t> at;
 };
+
+// A score is one chain whichever way it is laid out: q[0] * k[0], then + q[i] * k[i] by fused
+// multiply-adds in ascending i, times scale. Two layouts compute it, with the same bits:
+// keys across a vector's lanes (K^T of a tile, a query vector at a time: for items of few
+// vectors, a decode), and query vectors across the lanes (for items of many, a prefill chunk).
+#if defined(__AVX512F__)
+constexpr int CHAINS = 12, BLOCK = 16;  // score chains in registers at once: 32 registers on AVX-512
+#else
+constexpr int CHAINS = 6, BLOCK = 4;  // 16 on AVX2, where a V16 takes two
+#endif
+
+// Keys across the lanes: n (<= CHAINS) vectors of q (rows of HP floats) against the 16 keys of kt
+// (dim i: the 16 keys' values); scores[j * width + k].
+template <int N>
+inline void score_keys(const float *q, int HP, int hd, const float *kt, float *scores, int width, V16 scale) {
+    V16 acc[N];
+    const V16 k0 = load(kt);
+    for (int j = 0; j < N; j++) acc[j] = mul(bcast(q[j * HP]), k0);
+    for (int i = 1; i < hd; i++) {
+        const V16 k = load(kt + 16 * i);
+        for (int j = 0; j < N; j++) acc[j] = fma(bcast(q[j * HP + i]), k, acc[j]);
+    }
+    for (int j = 0; j < N; j++) store(scores + static_cast<size_t>(j) * width, mul(acc[j], scale));
+}
+using KeysFn = void (*)(const float *, int, int, const float *, float *, int, V16);
+template <int... N> constexpr KeysFn keys_fns[] = {score_keys<N>...};
+constexpr const KeysFn *SCORE_KEYS = keys_fns<1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12>;  // [n - 1]
+
+// Vectors across the lanes: NG groups of 16 (qt: group g, dim i, the 16 vectors' values) against
+// R keys (krow[r]: a row of K); st[r * 64 + 16g + lane].
+template <int NG, int R>
+inline void score_vectors(const float *qt, int hd, const float *const *krow, float *st, V16 scale) {
+    V16 acc[R][NG];
+    for (int g = 0; g < NG; g++) {
+        const V16 qv = load(qt + static_cast<size_t>(g) * hd * 16);
+        for (int r = 0; r < R; r++) acc[r][g] = mul(bcast(krow[r][0]), qv);
+    }
+    for (int i = 1; i < hd; i++) {
+        V16 qv[NG];
+        for (int g = 0; g < NG; g++) qv[g] = load(qt + (static_cast<size_t>(g) * hd + i) * 16);
+        for (int r = 0; r < R; r++) {
+            const V16 kv = bcast(krow[r][i]);
+            for (int g = 0; g < NG; g++) acc[r][g] = fma(kv, qv[g], acc[r][g]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int g = 0; g < NG; g++) store(st + r * 64 + 16 * g, mul(acc[r][g], scale));
+}
+template <int NG> inline void score_vectors_tile(const float *qt, int hd, const float *const *krow, float *st, V16 scale) {
+    constexpr int R = BLOCK / NG >= 8 ? 8 : BLOCK / NG >= 4 ? 4 : BLOCK / NG >= 2 ? 2 : 1;  // keys, dividing TILE
+    for (int r0 = 0; r0 < TILE; r0 += R) score_vectors<NG, R>(qt, hd, krow + r0, st + r0 * 64, scale);
+}
 
 // Rows row0..row1-1 of one sequence, for one KV head; C = head_dim / 16, rounded up.
 template <int C, typename T>
@@ -69,26 +121,26 @@ void run_item(const Item &it, const Batch &b, const T *q, const T *k_cache, cons
     constexpr int HP = C * 16;  // head_dim padded
     const int G = b.nh / b.nkv, hd = b.hd;
     const int start = b.query_start[it.seq], cached = b.num_cached[it.seq];
-    const int nrows = it.row1 - it.row0, nv = nrows * G;
+    const int Gi = it.h1 - it.h0, nv = (it.row1 - it.row0) * Gi;  // query vectors
+    const int groups = (nv + 15) / 16;
+    const bool across = groups > 1;  // query vectors across the lanes
     const int end = cached + it.row1 - start;  // keys the last row sees
     const int tiles = (end + TILE - 1) / TILE, width = tiles * TILE;
     const int32_t *table = b.tables + static_cast<int64_t>(it.seq) * b.max_blocks;
     const int64_t stride = static_cast<int64_t>(b.nkv) * hd;
-    auto row_of = [&](const T *cache, int p) {
-        return cache + (static_cast<int64_t>(table[p / b.bs]) * b.bs + p % b.bs) * stride + it.head * hd;
-    };
-    s.q.resize(static_cast<size_t>(nv) * HP);
-    s.scores.resize(static_cast<size_t>(nv) * width);
+    s.at.resize(end);  // key p's row of this head: cache + at[p]
+    for (int p = 0, blk = 0, off = 0; p < end; p++) {
+        s.at[p] = (static_cast<int64_t>(table[blk]) * b.bs + off) * stride + it.head * hd;
+        if (++off == b.bs) blk++, off = 0;
+    }
     s.kv.resize(static_cast<size_t>(TILE + 1) * HP);  // 16 rows, then a row of zeros
-    s.acc.resize(static_cast<size_t>(nv) * HP);
-    s.inv.resize(nv);
+    s.acc.assign(static_cast<size_t>(nv) * HP, 0.0f);
+    s.inv.resize(static_cast<size_t>(groups) * 16);
     float *zeros = &s.kv[static_cast<size_t>(TILE) * HP];
     std::fill(zeros, zeros + HP, 0.0f);
-    // Query vector j = r * G + g: row row0 + r, query head head * G + g.
-    for (int r = 0; r < nrows; r++)
-        for (int g = 0; g < G; g++)
-            widen_row(&s.q[static_cast<size_t>(r * G + g) * HP],
-                      q + (static_cast<int64_t>(it.row0 + r) * b.nh + it.head * G + g) * hd, hd, HP);
+    // Query vector j: row row0 + j / Gi, query head head * G + h0 + j % Gi.
+    auto query = [&](int j) { return q + (static_cast<int64_t>(it.row0 + j / Gi) * b.nh + it.head * G + it.h0 + j % Gi) * hd; };
+    auto seen = [&](int j) { return cached + (it.row0 + j / Gi - start) + 1; };  // the keys vector j sees
     // The tile's 16 rows of K or V as floats, read in place where they already are floats of a whole
     // padded head, else widened into scratch; a row of zeros past `end`.
     const float *rows[TILE];
@@ -98,53 +150,110 @@ void run_item(const Item &it, const Batch &b, const T *q, const T *k_cache, cons
                 rows[k] = zeros;
             } else if constexpr (sizeof(T) == 4) {
                 if (hd == HP) {
-                    rows[k] = reinterpret_cast<const float *>(row_of(cache, p0 + k));
+                    rows[k] = reinterpret_cast<const float *>(cache + s.at[p0 + k]);
                     continue;
                 }
             }
             if (p0 + k < end) {
                 float *dst = &s.kv[static_cast<size_t>(k) * HP];
-                widen_row(dst, row_of(cache, p0 + k), hd, HP);
+                widen_row(dst, cache + s.at[p0 + k], hd, HP);
                 rows[k] = dst;
             }
         }
     };
-    // Scores: 16 keys of one vector at a time, sixteen independent chains of C fused multiply-adds.
     const V16 scale = bcast(b.scale);
-    for (int t = 0; t < tiles; t++) {
-        fill_tile(k_cache, t * TILE);
+    // Scores, then the weights in their place: e_p = exp(score_p - m), 0 past what the vector sees.
+    // The sum: lane sums, key p into lane p % 16 in ascending p, then tree().
+    if (across) {  // st: row p holds key p's score (then weight) of the 64 vectors
+        s.q.assign(static_cast<size_t>(groups) * hd * 16, 0.0f);  // Q^T: group g, dim i, the 16 vectors
         for (int j = 0; j < nv; j++) {
-            const float *qj = &s.q[static_cast<size_t>(j) * HP];
-            V16 qc[C], part[TILE];
-            for (int c = 0; c < C; c++) qc[c] = load(qj + 16 * c);
-            for (int k = 0; k < TILE; k++) part[k] = mul(qc[0], load(rows[k]));
-            for (int c = 1; c < C; c++)
-                for (int k = 0; k < TILE; k++) part[k] = fma(qc[c], load(rows[k] + 16 * c), part[k]);
-            store(&s.scores[static_cast<size_t>(j) * width + t * TILE], mul(tree16(part), scale));
+            const T *src = query(j);
+            float *dst = &s.q[static_cast<size_t>(j / 16) * hd * 16 + j % 16];
+            for (int i = 0; i < hd; i++) dst[i * 16] = widen(src[i]);
         }
-    }
-    // Softmax weights, unnormalised: e_p = exp(score_p - max), 0 past the row's last position.
-    for (int j = 0; j < nv; j++) {
-        float *sj = &s.scores[static_cast<size_t>(j) * width];
-        const int seen = cached + (it.row0 + j / G - start) + 1;
-        V16 mv = bcast(-INFINITY);
-        for (int t = 0; t < seen / TILE; t++) mv = max(mv, load(sj + t * TILE));
-        float m = -INFINITY, lanes[16];
-        store(lanes, mv);
-        for (int l = 0; l < 16; l++) m = lanes[l] > m ? lanes[l] : m;
-        for (int p = seen / TILE * TILE; p < seen; p++) m = sj[p] > m ? sj[p] : m;
-        V16 sum = zero();
+        s.scores.resize(static_cast<size_t>(width) * 64);
         for (int t = 0; t < tiles; t++) {
-            const V16 e = keep_first(exp(sub(load(sj + t * TILE), bcast(m))), seen - t * TILE);
-            store(sj + t * TILE, e);
-            sum = add(sum, e);
+            fill_tile(k_cache, t * TILE);
+            float *st = &s.scores[static_cast<size_t>(t) * TILE * 64];
+            switch (groups) {
+            case 2: score_vectors_tile<2>(s.q.data(), hd, rows, st, scale); break;
+            case 3: score_vectors_tile<3>(s.q.data(), hd, rows, st, scale); break;
+            default: score_vectors_tile<4>(s.q.data(), hd, rows, st, scale); break;
+            }
         }
-        s.inv[j] = 1.0f / tree(sum);
+        for (int g = 0; g < groups; g++) {
+            alignas(64) float limit[16];
+            int most = 0, least = 1 << 30;
+            for (int n = 0; n < 16; n++) {
+                const int j = 16 * g + n, k = j < nv ? seen(j) : 0;
+                limit[n] = static_cast<float>(k);  // exact below 2^24
+                if (j < nv) least = std::min(least, k);
+                most = std::max(most, k);
+            }
+            const V16 lim = load(limit);
+            auto at = [&](int p) { return &s.scores[static_cast<size_t>(p) * 64 + 16 * g]; };
+            auto sees = [&](int p, V16 a, V16 otherwise) {  // a where the vector sees key p
+                return p < least ? a : select_lt(bcast(static_cast<float>(p)), lim, a, otherwise);
+            };
+            const V16 none = bcast(-INFINITY);
+            V16 mx[4] = {none, none, none, none};  // four running parts (a maximum has no order)
+            for (int p0 = 0; p0 < most; p0 += 16)  // most <= width, a multiple of 16
+                for (int l = 0; l < 16; l++) mx[l % 4] = max(mx[l % 4], sees(p0 + l, load(at(p0 + l)), none));
+            const V16 m = max(max(mx[0], mx[1]), max(mx[2], mx[3]));
+            V16 lane[16];
+            for (int l = 0; l < 16; l++) lane[l] = zero();
+            for (int p0 = 0; p0 < width; p0 += 16)
+                for (int l = 0; l < 16; l++) {
+                    const V16 e = sees(p0 + l, exp(sub(load(at(p0 + l)), m)), zero());
+                    store(at(p0 + l), e);
+                    lane[l] = add(lane[l], e);
+                }
+            for (int w = 8; w >= 1; w /= 2)
+                for (int l = 0; l < w; l++) lane[l] = add(lane[l], lane[l + w]);
+            store(&s.inv[static_cast<size_t>(16 * g)], div(bcast(1.0f), lane[0]));
+        }
+    } else {  // scores[j * width + p]
+        s.q.resize(static_cast<size_t>(nv) * HP);
+        for (int j = 0; j < nv; j++) widen_row(&s.q[static_cast<size_t>(j) * HP], query(j), hd, HP);
+        s.scores.resize(static_cast<size_t>(nv) * width);
+        s.kt.resize(static_cast<size_t>(HP) * 16);
+        for (int t = 0; t < tiles; t++) {
+            fill_tile(k_cache, t * TILE);
+            for (int c = 0; c < C; c++) {  // K^T: dim 16c + d of the 16 keys
+                V16 r[TILE];
+                for (int k = 0; k < TILE; k++) r[k] = load(rows[k] + 16 * c);
+                transpose16(r);
+                for (int d = 0; d < 16; d++) store(&s.kt[static_cast<size_t>(16 * c + d) * 16], r[d]);
+            }
+            for (int j0 = 0; j0 < nv; j0 += CHAINS)
+                SCORE_KEYS[std::min(CHAINS, nv - j0) - 1](&s.q[static_cast<size_t>(j0) * HP], HP, hd, s.kt.data(),
+                                                          &s.scores[static_cast<size_t>(j0) * width + t * TILE], width, scale);
+        }
+        for (int j = 0; j < nv; j++) {
+            float *sj = &s.scores[static_cast<size_t>(j) * width];
+            const int k = seen(j);
+            V16 mv = bcast(-INFINITY);
+            for (int t = 0; t < k / TILE; t++) mv = max(mv, load(sj + t * TILE));
+            float m = -INFINITY, lanes[16];
+            store(lanes, mv);
+            for (int l = 0; l < 16; l++) m = lanes[l] > m ? lanes[l] : m;
+            for (int p = k / TILE * TILE; p < k; p++) m = sj[p] > m ? sj[p] : m;
+            V16 sum = zero();
+            for (int t = 0; t < tiles; t++) {
+                const V16 e = keep_first(exp(sub(load(sj + t * TILE), bcast(m))), k - t * TILE);
+                store(sj + t * TILE, e);
+                sum = add(sum, e);
+            }
+            s.inv[j] = 1.0f / tree(sum);
+        }
     }
     // Weights x V: each output lane is one chain of fused multiply-adds over p, ascending; NV vectors
     // x C chunks of them advance together (independent chains), tile by tile.
     constexpr int NV = C <= 4 ? 4 : C <= 8 ? 2 : 1;
-    std::fill(s.acc.begin(), s.acc.end(), 0.0f);
+    const int step = across ? 64 : 1;  // from one key's weight to the next
+    auto weights = [&](int j, int p0) {
+        return across ? &s.scores[static_cast<size_t>(p0) * 64 + j] : &s.scores[static_cast<size_t>(j) * width + p0];
+    };
     for (int t = 0; t < tiles; t++) {
         fill_tile(v_cache, t * TILE);
         for (int j0 = 0; j0 < nv; j0 += NV) {
@@ -153,14 +262,14 @@ void run_item(const Item &it, const Batch &b, const T *q, const T *k_cache, cons
             const float *e[NV];
             for (int j = 0; j < NV; j++) {
                 const int jj = j < n ? j0 + j : j0;  // a short group repeats its first vector, unstored
-                e[j] = &s.scores[static_cast<size_t>(jj) * width + t * TILE];
+                e[j] = weights(jj, t * TILE);
                 for (int c = 0; c < C; c++) acc[j][c] = load(&s.acc[static_cast<size_t>(jj) * HP + 16 * c]);
             }
             for (int k = 0; k < TILE; k++) {
                 V16 v[C];
                 for (int c = 0; c < C; c++) v[c] = load(rows[k] + 16 * c);
                 for (int j = 0; j < NV; j++) {
-                    const V16 w = bcast(e[j][k]);
+                    const V16 w = bcast(e[j][k * step]);
                     for (int c = 0; c < C; c++) acc[j][c] = fma(w, v[c], acc[j][c]);
                 }
             }
@@ -171,7 +280,7 @@ void run_item(const Item &it, const Batch &b, const T *q, const T *k_cache, cons
     for (int j = 0; j < nv; j++) {
         float *aj = &s.acc[static_cast<size_t>(j) * HP];
         for (int c = 0; c < C; c++) store(aj + 16 * c, mul(load(aj + 16 * c), bcast(s.inv[j])));
-        T *o = out + (static_cast<int64_t>(it.row0 + j / G) * b.nh + it.head * G + j % G) * hd;
+        T *o = out + (static_cast<int64_t>(it.row0 + j / Gi) * b.nh + it.head * G + it.h0 + j % Gi) * hd;
         for (int i = 0; i < hd; i++) narrow(aj[i], o + i);
     }
 }
@@ -244,31 +353,6 @@ struct Scratch {
     std::vector<int64_t> at;
 };
 
-// r[i] holds row i of a 16 x 16 matrix of 32-bit elements; afterwards, column i.
-inline void transpose16(__m512i r[16]) {
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    // u[4b + c], 128-bit lane L: column 4L + c of rows 4b .. 4b + 3
-    __m512i u[16];
-    for (int b = 0; b < 4; b++) {
-        u[4 * b] = _mm512_unpacklo_epi64(t[4 * b], t[4 * b + 2]);
-        u[4 * b + 1] = _mm512_unpackhi_epi64(t[4 * b], t[4 * b + 2]);
-        u[4 * b + 2] = _mm512_unpacklo_epi64(t[4 * b + 1], t[4 * b + 3]);
-        u[4 * b + 3] = _mm512_unpackhi_epi64(t[4 * b + 1], t[4 * b + 3]);
-    }
-    for (int c = 0; c < 4; c++) {
-        const __m512i xl = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), xh = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
-        const __m512i yl = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44), yh = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
-        r[c] = _mm512_shuffle_i32x4(xl, yl, 0x88);
-        r[4 + c] = _mm512_shuffle_i32x4(xl, yl, 0xDD);
-        r[8 + c] = _mm512_shuffle_i32x4(xh, yh, 0x88);
-        r[12 + c] = _mm512_shuffle_i32x4(xh, yh, 0xDD);
-    }
-}
-
 inline __m512i load32(const uint16_t *src, int n) {  // the first n (<= 32) of 32 bfloat16, zeros after
     const __mmask32 m = n >= 32 ? 0xffffffffu : n <= 0 ? 0u : (1u << n) - 1;
     return _mm512_maskz_loadu_epi16(m, src);
@@ -279,7 +363,7 @@ void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t 
               uint16_t *out, Scratch &s) {
     const int G = b.nh / b.nkv, hd = b.hd;
     const int start = b.query_start[it.seq], cached = b.num_cached[it.seq];
-    const int nv = (it.row1 - it.row0) * G, groups = (nv + 15) / 16;  // query vectors, in groups of 16
+    const int Gi = it.h1 - it.h0, nv = (it.row1 - it.row0) * Gi, groups = (nv + 15) / 16;  // query vectors, in groups of 16
     const int end = cached + it.row1 - start;                           // keys the last row sees
     const int blocks = (end + 31) / 32, width = blocks * 32;            // 32 keys a block
     const int nkb = (hd + 31) / 32, nd = (hd + 15) / 16, kw = nkb * 32;  // 32-wide slices, 16-wide dims
@@ -294,7 +378,7 @@ void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t 
     // Q^T in the pair layout TDPBF16PS reads: tile (g, kb), row kk, column n = dims 32kb + 2kk, +1 of vector 16g + n.
     s.qt.assign(static_cast<size_t>(groups) * nkb * 512, 0);
     for (int j = 0; j < nv; j++) {
-        const uint16_t *src = q + (static_cast<int64_t>(it.row0 + j / G) * b.nh + it.head * G + j % G) * hd;
+        const uint16_t *src = q + (static_cast<int64_t>(it.row0 + j / Gi) * b.nh + it.head * G + it.h0 + j % Gi) * hd;
         uint16_t *dst = &s.qt[static_cast<size_t>(j / 16) * nkb * 512 + (j % 16) * 2];
         for (int i = 0; i < hd; i++) dst[(i / 32) * 512 + (i % 32 / 2) * 32 + i % 2] = src[i];
     }
@@ -357,7 +441,7 @@ void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t 
         __mmask16 used = 0;
         for (int n = 0; n < 16; n++) {
             const int j = 16 * g + n;
-            seen[n] = j < nv ? cached + (it.row0 + j / G - start) + 1 : 0;
+            seen[n] = j < nv ? cached + (it.row0 + j / Gi - start) + 1 : 0;
             if (j < nv) used |= static_cast<__mmask16>(1u << n), least = std::min(least, seen[n]);
             most = std::max(most, seen[n]);
         }
@@ -395,7 +479,7 @@ void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t 
                 // 16-bit element 2n: key p0 + 2kk of vector n; 2n + 1: key p0 + 2kk + 1
                 pr[kk] = _mm512_permutexvar_epi16(pairs, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(w[1], w[0])));
             }
-            transpose16(pr);  // pr[n]: vector 16g + n's weights of keys p0 .. p0 + 31
+            simd::transpose16_epi32(pr);  // pr[n]: vector 16g + n's weights of keys p0 .. p0 + 31
             for (int n = 0; n < 16; n++)
                 _mm512_storeu_si512(&s.p[static_cast<size_t>(16 * g + n) * width + p0], pr[n]);
         }
@@ -456,7 +540,7 @@ void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t 
         float *aj = &s.acc[static_cast<size_t>(j) * aw];
         const V16 inv = bcast(1.0f / sums[j]);
         for (int c = 0; c < nd; c++) store(aj + 16 * c, mul(load(aj + 16 * c), inv));
-        uint16_t *o = out + (static_cast<int64_t>(it.row0 + j / G) * b.nh + it.head * G + j % G) * hd;
+        uint16_t *o = out + (static_cast<int64_t>(it.row0 + j / Gi) * b.nh + it.head * G + it.h0 + j % Gi) * hd;
         for (int i = 0; i < hd; i++) narrow(aj[i], o + i);
     }
 }
@@ -470,14 +554,16 @@ void attention(const T *q, const T *k_cache, const T *v_cache, T *out, const Bat
 #ifdef NANO_AMX
     if constexpr (sizeof(T) == 2) tiles = amx::permitted();
 #endif
-    const int G = b.nh / b.nkv, rows_per_item = std::max(1, (tiles ? MAX_VECTORS_AMX : MAX_VECTORS) / G);
+    const int G = b.nh / b.nkv, rows_per_item = std::max(1, MAX_VECTORS / G);
     std::vector<Item> items;
     for (int s = 0; s < num_seqs; s++) {
         const int a = b.query_start[s], e = b.query_start[s + 1];
         for (int r0 = a; r0 < e; r0 += rows_per_item) {
             const int r1 = std::min(e, r0 + rows_per_item);
             const int64_t keys = b.num_cached[s] + r1 - a;
-            for (int h = 0; h < b.nkv; h++) items.push_back({s, h, r0, r1, keys * (r1 - r0)});
+            for (int h = 0; h < b.nkv; h++)
+                for (int h0 = 0; h0 < G; h0 += MAX_VECTORS)  // more query heads a KV head than that: rare
+                    items.push_back({s, h, r0, r1, h0, std::min(G, h0 + MAX_VECTORS), keys * (r1 - r0)});
         }
     }
     // The heaviest first, so that no thread is left with a long one at the end (bits do not depend on it).

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -50,25 +51,39 @@ inline void store(uint16_t *p, V16 a) {  // rounded to bfloat16
     _mm256_storeu_si256(reinterpret_cast<__m256i *>(p),
                         _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(round_bf16(a).v), 16)));
 }
+inline V16 select_lt(V16 x, V16 y, V16 a, V16 b) {  // a where x < y, else b
+    return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(x.v, y.v, _CMP_LT_OQ), b.v, a.v)};
+}
 inline V16 keep_first(V16 a, int n) {  // lanes n.. set to 0
     return {_mm512_maskz_mov_ps(n >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n > 0 ? n : 0)) - 1), a.v)};
 }
-// r[k] = tree(a[k]) for 16 vectors at once (the tree in the header: +8, +4, +2, +1).
-inline V16 tree16(const V16 *a) {
-    __m512 b[8], c[4], d[2];
-    for (int k = 0; k < 8; k++)  // halves: b[k] = [tree step 1 of a[2k] | of a[2k+1]]
-        b[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * k].v, a[2 * k + 1].v, 0x44),
-                             _mm512_shuffle_f32x4(a[2 * k].v, a[2 * k + 1].v, 0xEE));
-    for (int m = 0; m < 4; m++)  // quarters: quarter q of c[m] = step 2 of a[4m + q]
-        c[m] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * m], b[2 * m + 1], 0x88),
-                             _mm512_shuffle_f32x4(b[2 * m], b[2 * m + 1], 0xDD));
-    for (int n = 0; n < 2; n++)  // pairs: quarter q of d[n] = [step 3 of a[8n + q], of a[8n + 4 + q]]
-        d[n] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(c[2 * n]), _mm512_castps_pd(c[2 * n + 1]))),
-                             _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(c[2 * n]), _mm512_castps_pd(c[2 * n + 1]))));
-    // lane 4q + e = a[q + 4e]: put a[k] in lane k.
-    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
-    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    return {_mm512_permutexvar_ps(idx, r)};
+// r[i] holds row i of a 16 x 16 matrix of 32-bit elements; afterwards, column i.
+inline void transpose16_epi32(__m512i *r) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int b = 0; b < 4; b++) {  // u[4b + c], 128-bit lane L: column 4L + c of rows 4b .. 4b + 3
+        u[4 * b] = _mm512_unpacklo_epi64(t[4 * b], t[4 * b + 2]);
+        u[4 * b + 1] = _mm512_unpackhi_epi64(t[4 * b], t[4 * b + 2]);
+        u[4 * b + 2] = _mm512_unpacklo_epi64(t[4 * b + 1], t[4 * b + 3]);
+        u[4 * b + 3] = _mm512_unpackhi_epi64(t[4 * b + 1], t[4 * b + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        const __m512i xl = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), xh = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+        const __m512i yl = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44), yh = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+        r[c] = _mm512_shuffle_i32x4(xl, yl, 0x88);
+        r[4 + c] = _mm512_shuffle_i32x4(xl, yl, 0xDD);
+        r[8 + c] = _mm512_shuffle_i32x4(xh, yh, 0x88);
+        r[12 + c] = _mm512_shuffle_i32x4(xh, yh, 0xDD);
+    }
+}
+inline void transpose16(V16 *r) {  // r[i]: row i of a 16 x 16 matrix; afterwards, column i
+    __m512i x[16];
+    for (int i = 0; i < 16; i++) x[i] = _mm512_castps_si512(r[i].v);
+    transpose16_epi32(x);
+    for (int i = 0; i < 16; i++) r[i].v = _mm512_castsi512_ps(x[i]);
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 struct V16 {
@@ -112,28 +127,38 @@ inline void store(uint16_t *p, V16 a) {
     const __m256i lo = _mm256_srli_epi32(_mm256_castps_si256(r.lo), 16), hi = _mm256_srli_epi32(_mm256_castps_si256(r.hi), 16);
     _mm256_storeu_si256(reinterpret_cast<__m256i *>(p), _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8));
 }
+inline V16 select_lt(V16 x, V16 y, V16 a, V16 b) {
+    return {_mm256_blendv_ps(b.lo, a.lo, _mm256_cmp_ps(x.lo, y.lo, _CMP_LT_OQ)),
+            _mm256_blendv_ps(b.hi, a.hi, _mm256_cmp_ps(x.hi, y.hi, _CMP_LT_OQ))};
+}
 inline V16 keep_first(V16 a, int n) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), limit = _mm256_set1_epi32(n);
     const __m256 lo = _mm256_castsi256_ps(_mm256_cmpgt_epi32(limit, lane));
     const __m256 hi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(limit, _mm256_add_epi32(lane, _mm256_set1_epi32(8))));
     return {_mm256_and_ps(a.lo, lo), _mm256_and_ps(a.hi, hi)};
 }
-inline V16 tree16(const V16 *a) {
-    __m256 b[16], c[8], d[4];
-    for (int k = 0; k < 16; k++) b[k] = _mm256_add_ps(a[k].lo, a[k].hi);  // step 1
-    for (int k = 0; k < 8; k++)  // 128-bit halves: [step 2 of a[2k] | of a[2k+1]]
-        c[k] = _mm256_add_ps(_mm256_permute2f128_ps(b[2 * k], b[2 * k + 1], 0x20),
-                             _mm256_permute2f128_ps(b[2 * k], b[2 * k + 1], 0x31));
-    for (int m = 0; m < 4; m++)  // half h of d[m]: [step 3 of a[4m + h], of a[4m + 2 + h]]
-        d[m] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(c[2 * m]), _mm256_castps_pd(c[2 * m + 1]))),
-                             _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(c[2 * m]), _mm256_castps_pd(c[2 * m + 1]))));
-    // half h of r[n], element e = a[8n + h + 2e]: put a[k] in lane k.
-    const __m256i idx = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    __m256 r[2];
-    for (int n = 0; n < 2; n++)
-        r[n] = _mm256_permutevar8x32_ps(_mm256_add_ps(_mm256_shuffle_ps(d[2 * n], d[2 * n + 1], 0x88),
-                                                      _mm256_shuffle_ps(d[2 * n], d[2 * n + 1], 0xDD)), idx);
-    return {r[0], r[1]};
+inline void transpose8(__m256 *r) {  // r[i]: row i of an 8 x 8 matrix; afterwards, column i
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int b = 0; b < 8; b += 4) {  // u[b + c]: column c | column 4 + c of rows b .. b + 3
+        u[b] = _mm256_shuffle_ps(t[b], t[b + 2], 0x44);
+        u[b + 1] = _mm256_shuffle_ps(t[b], t[b + 2], 0xEE);
+        u[b + 2] = _mm256_shuffle_ps(t[b + 1], t[b + 3], 0x44);
+        u[b + 3] = _mm256_shuffle_ps(t[b + 1], t[b + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; c++) {
+        r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+        r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+    }
+}
+inline void transpose16(V16 *r) {  // four 8 x 8 blocks: [A B; C D] -> [A' C'; B' D']
+    __m256 a[8], b[8], c[8], d[8];
+    for (int k = 0; k < 8; k++) a[k] = r[k].lo, b[k] = r[k].hi, c[k] = r[8 + k].lo, d[k] = r[8 + k].hi;
+    transpose8(a), transpose8(b), transpose8(c), transpose8(d);
+    for (int k = 0; k < 8; k++) r[k] = {a[k], c[k]}, r[8 + k] = {b[k], d[k]};
 }
 #else
 struct V16 {
@@ -172,6 +197,7 @@ inline V16 pow2(V16 n) {
         return f;
     });
 }
+inline V16 select_lt(V16 x, V16 y, V16 a, V16 b) { return each([&](int l) { return x.x[l] < y.x[l] ? a.x[l] : b.x[l]; }); }
 inline V16 keep_first(V16 a, int n) { return each([&](int l) { return l < n ? a.x[l] : 0.0f; }); }
 inline uint16_t to_bf16(float x);
 inline float from_bf16(uint16_t b);
@@ -179,18 +205,13 @@ inline V16 round_bf16(V16 a) { return each([&](int l) { return from_bf16(to_bf16
 inline void store(uint16_t *p, V16 a) {
     for (int l = 0; l < 16; l++) p[l] = to_bf16(a.x[l]);
 }
-inline V16 tree16(const V16 *a) {
-    return each([a](int k) {
-        float s[16];
-        std::memcpy(s, a[k].x, sizeof s);
-        for (int w = 8; w >= 1; w /= 2)
-            for (int l = 0; l < w; l++) s[l] = s[l] + s[l + w];
-        return s[0];
-    });
+inline void transpose16(V16 *r) {
+    for (int i = 0; i < 16; i++)
+        for (int j = i + 1; j < 16; j++) std::swap(r[i].x[j], r[j].x[i]);
 }
 #endif
 
-// The tree of one vector's lanes (the same additions as tree16, for a single row's sum).
+// The tree of one vector's lanes: l + (l + 8), then + 4, + 2, + 1.
 inline float tree(V16 a) {
     float s[16];
     store(s, a);
