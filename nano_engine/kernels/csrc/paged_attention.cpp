@@ -574,7 +574,7 @@ void attention(const T *q, const T *k_cache, const T *v_cache, T *out, const Bat
         if (tiles) {
 #pragma omp parallel num_threads(threads)
             {
-                static thread_local amx::Scratch scratch;  // kept: a fresh one would fault its pages in every call
+                amx::Scratch scratch;
                 amx::configure();
 #pragma omp for schedule(dynamic, 1)
                 for (int i = 0; i < n; i++) amx::run_item(items[i], b, q, k_cache, v_cache, out, scratch);
@@ -587,7 +587,7 @@ void attention(const T *q, const T *k_cache, const T *v_cache, T *out, const Bat
     const ItemFn<T> run = item_fn<T>(b.hd);
 #pragma omp parallel num_threads(threads)
     {
-        static thread_local Scratch scratch;  // kept from call to call, as large as the longest item needed
+        Scratch scratch;
 #pragma omp for schedule(dynamic, 1)
         for (int i = 0; i < n; i++) run(items[i], b, q, k_cache, v_cache, out, scratch);
     }
