@@ -6,6 +6,9 @@ decodes into groups and, for bfloat16, computes in float64 so that a row's bits 
 the rows it shares a matmul with. The kernel gets the same guarantee another way: it computes
 every score, weight and output of a row by one fixed chain of float32 operations (the order is
 in the source's header), whatever the batch, the chunking, the block size or the thread count.
+Where the CPU has AMX (Sapphire Rapids and later), bfloat16 runs on its tiles instead, with the
+weights rounded to bfloat16 before they multiply V (`bfloat16_on_amx`): other bits than the
+vector code's, as invariant.
 So `generate(..., attention_backend="c")`, which calls it over one contiguous context, and the
 engine with `attention_backend="c"` give the same bits, row for row, by construction.
 
