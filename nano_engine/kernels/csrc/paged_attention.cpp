@@ -58,6 +58,17 @@ struct Item {
 constexpr int TILE = 16;        // keys per tile
 constexpr int MAX_VECTORS = 64;  // query vectors (rows x heads sharing a KV head) per item: four groups of 16
 
+// at[p]: where key p of the item's sequence and KV head starts in a layer's cache, p < end.
+inline void locate(const Item &it, const Batch &b, int end, std::vector<int64_t> &at) {
+    const int32_t *table = b.tables + static_cast<int64_t>(it.seq) * b.max_blocks;
+    const int64_t stride = static_cast<int64_t>(b.nkv) * b.hd;
+    at.resize(end);
+    for (int p = 0, blk = 0, off = 0; p < end; p++) {
+        at[p] = (static_cast<int64_t>(table[blk]) * b.bs + off) * stride + it.head * b.hd;
+        if (++off == b.bs) blk++, off = 0;
+    }
+}
+
 struct Scratch {
     std::vector<float> q, scores, kv, kt, acc, inv;
     std::vector<int64_t> at;
@@ -126,13 +137,7 @@ void run_item(const Item &it, const Batch &b, const T *q, const T *k_cache, cons
     const bool across = groups > 1;  // query vectors across the lanes
     const int end = cached + it.row1 - start;  // keys the last row sees
     const int tiles = (end + TILE - 1) / TILE, width = tiles * TILE;
-    const int32_t *table = b.tables + static_cast<int64_t>(it.seq) * b.max_blocks;
-    const int64_t stride = static_cast<int64_t>(b.nkv) * hd;
-    s.at.resize(end);  // key p's row of this head: cache + at[p]
-    for (int p = 0, blk = 0, off = 0; p < end; p++) {
-        s.at[p] = (static_cast<int64_t>(table[blk]) * b.bs + off) * stride + it.head * hd;
-        if (++off == b.bs) blk++, off = 0;
-    }
+    locate(it, b, end, s.at);  // key p's row of this head: cache + at[p]
     s.kv.resize(static_cast<size_t>(TILE + 1) * HP);  // 16 rows, then a row of zeros
     s.acc.assign(static_cast<size_t>(nv) * HP, 0.0f);
     s.inv.resize(static_cast<size_t>(groups) * 16);
@@ -367,13 +372,8 @@ void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t 
     const int end = cached + it.row1 - start;                           // keys the last row sees
     const int blocks = (end + 31) / 32, width = blocks * 32;            // 32 keys a block
     const int nkb = (hd + 31) / 32, nd = (hd + 15) / 16, kw = nkb * 32;  // 32-wide slices, 16-wide dims
-    const int32_t *table = b.tables + static_cast<int64_t>(it.seq) * b.max_blocks;
     const int64_t stride = static_cast<int64_t>(b.nkv) * hd;
-    s.at.resize(end);  // key p's row of this head: cache + at[p]
-    for (int p = 0, blk = 0, off = 0; p < end; p++) {
-        s.at[p] = (static_cast<int64_t>(table[blk]) * b.bs + off) * stride + it.head * hd;
-        if (++off == b.bs) blk++, off = 0;
-    }
+    locate(it, b, end, s.at);  // key p's row of this head: cache + at[p]
     auto row_of = [&](const uint16_t *cache, int p) { return cache + s.at[p]; };
     // Q^T in the pair layout TDPBF16PS reads: tile (g, kb), row kk, column n = dims 32kb + 2kk, +1 of vector 16g + n.
     s.qt.assign(static_cast<size_t>(groups) * nkb * 512, 0);
@@ -550,7 +550,7 @@ void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t 
 
 template <typename T>
 void attention(const T *q, const T *k_cache, const T *v_cache, T *out, const Batch &b, int num_seqs, int threads) {
-    bool tiles = false;  // bfloat16 on AMX
+    [[maybe_unused]] bool tiles = false;  // bfloat16 on AMX (where built with it)
 #ifdef NANO_AMX
     if constexpr (sizeof(T) == 2) tiles = amx::permitted();
 #endif
