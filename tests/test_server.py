@@ -863,3 +863,72 @@ def test_serve_prepacks_bfloat16_only_where_the_cpu_has_amx(serve_spies, capsys,
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--prepack" in last and "bf16" in last and "AMX" in last, last
     assert serve_spies.calls == []
+
+
+def test_tokenize_and_detokenize_as_vllm(server):
+    """vLLM's /tokenize (a prompt, or chat messages through the template that chat completions
+    use) and /detokenize; a bad body is a 400 naming its field."""
+    s = server
+    text = "The capital of France is Paris."
+    r = httpx.post(f"{s.url}/tokenize", json={"prompt": text}).json()
+    assert r["tokens"] == list(s.tok(text)["input_ids"]) and r["count"] == len(r["tokens"]) > 0
+    assert r["max_model_len"] == s.engine.model.config.max_position_embeddings and r["token_strs"] is None
+    strs = httpx.post(f"{s.url}/tokenize", json={"prompt": text, "return_token_strs": True}).json()["token_strs"]
+    assert strs == s.tok.convert_ids_to_tokens(r["tokens"])
+    chat = httpx.post(f"{s.url}/tokenize", json={"messages": [{"role": "user", "content": "Name a planet."}]}).json()
+    assert chat["tokens"] == chat_ids(s, "Name a planet.")
+    served = s.client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Name a planet."}],
+                                              max_tokens=1)
+    assert served.usage.prompt_tokens == chat["count"]
+    bare = httpx.post(f"{s.url}/tokenize", json={"messages": [{"role": "user", "content": "Name a planet."}],
+                                                 "add_generation_prompt": False}).json()["tokens"]
+    assert bare == chat["tokens"][:len(bare)] and len(bare) < chat["count"]
+    assert httpx.post(f"{s.url}/detokenize", json={"tokens": r["tokens"]}).json() == {"prompt": s.tok.decode(r["tokens"])}
+    assert httpx.get(f"{s.url}/version").json()["version"]
+    vocab = s.engine.model.config.vocab_size
+    for path, body, param in (("/detokenize", {"tokens": [vocab]}, "tokens"), ("/detokenize", {"tokens": ["x"]}, "tokens"),
+                              ("/tokenize", {}, "prompt"), ("/tokenize", {"prompt": "a", "messages": [{"role": "user"}]},
+                                                            "messages"),
+                              ("/tokenize", {"prompt": "a", "model": "other"}, "model"),
+                              ("/tokenize", {"messages": [{"role": "user", "content": "a"}], "add_special_tokens": True},
+                               "add_special_tokens")):
+        resp = httpx.post(f"{s.url}{path}", json=body)
+        assert resp.status_code in (400, 404) and resp.json()["error"]["param"] == param, (path, body, resp.text)
+
+
+def test_an_api_key_guards_the_v1_routes_and_leaves_the_others_open(served_engine):
+    """--api-key as vLLM's: a /v1 request without the key, or with another one, is a 401 in
+    OpenAI's error shape (the openai client raises AuthenticationError) and reaches no engine; with
+    the key it is served; /health, /metrics, /version and /tokenize answer without it."""
+    engine, llm = served_engine
+    with pytest.raises(ValueError, match="api_key"):
+        build_app(llm, "smol", api_key="")
+    with serving(build_app(llm, "smol", api_key="sekret")) as url:
+        queried = engine.scheduler.prefix_cache_queries
+        for key in ("none", "sekret2", "sekre", "SEKRET"):
+            wrong = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60)
+            with pytest.raises(openai.AuthenticationError):
+                wrong.completions.create(model="smol", prompt="Hello", max_tokens=2)
+        r = httpx.get(f"{url}/v1/models")
+        assert r.status_code == 401 and r.json()["error"]["code"] == 401
+        assert engine.scheduler.prefix_cache_queries == queried  # no prompt reached the scheduler
+        good = openai.OpenAI(base_url=f"{url}/v1", api_key="sekret", max_retries=0, timeout=300)
+        out = good.completions.create(model="smol", prompt="Hello", max_tokens=3, temperature=0)
+        assert 1 <= out.usage.completion_tokens <= 3
+        for path in ("/health", "/metrics", "/version"):
+            assert httpx.get(url + path).status_code == 200, path
+        assert httpx.post(f"{url}/tokenize", json={"prompt": "Hi"}).status_code == 200
+
+
+def test_serve_takes_the_key_from_the_flag_or_vllms_variable_and_warns_an_open_listener(monkeypatch):
+    """--api-key, else $VLLM_API_KEY (vLLM reads the same variable); serve warns when it listens
+    beyond loopback without one."""
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    assert serve_cli.build_parser().parse_args([]).api_key is None
+    assert serve_cli.build_parser().parse_args(["--api-key", "k1"]).api_key == "k1"
+    monkeypatch.setenv("VLLM_API_KEY", "k2")
+    assert serve_cli.build_parser().parse_args([]).api_key == "k2"
+    assert serve_cli.build_parser().parse_args(["--api-key", "k1"]).api_key == "k1"
+    for host, loopback in (("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("localhost", True),
+                           ("0.0.0.0", False), ("::", False), ("192.168.1.5", False), ("example.org", False)):
+        assert serve_cli.is_loopback(host) == loopback, host

@@ -11,8 +11,11 @@ told otherwise, and stops on Ctrl-C or SIGTERM after the step in flight.
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import os
 import pathlib
 import signal
+import sys
 
 from .common import guarded, positive_int
 
@@ -40,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     ap.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0 = any free port)")
+    ap.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY") or None,
+                    help="ask every /v1 request for `Authorization: Bearer KEY` (401 otherwise; /health, "
+                         "/metrics, /version, /tokenize, /detokenize stay open), as vLLM does (default: "
+                         "$VLLM_API_KEY, else none)")
     ap.add_argument("--model", help="a Hugging Face folder or a .gguf file (default: $NANO_ENGINE_MODEL, "
                                     "else the embedded SmolLM2-135M-Instruct)")
     ap.add_argument("--served-model-name", help="the model name clients send (default: the model's name)")
@@ -133,14 +140,27 @@ def run(ap: argparse.ArgumentParser, args) -> int:
     llm = AsyncLLM(make_engine)
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again: end with status 0 then.
     signal.signal(signal.SIGTERM, _exit_cleanly)
+    if args.api_key is None and not is_loopback(args.host):
+        print(f"warning: listening on {args.host} without --api-key: anyone who can reach this address can "
+              f"use the server", file=sys.stderr, flush=True)
     try:
-        app = build_app(llm, served_name(args))
+        app = build_app(llm, served_name(args), args.api_key)
         server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
                                                log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5))
         server.run()
     finally:
         llm.shutdown()
     return 0
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an --host value) listens on this machine's loopback only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve anywhere
+        return False
 
 
 def _exit_cleanly(signum, frame):

@@ -78,6 +78,25 @@ UNSUPPORTED = {"best_of": (None, 1), "echo": (False,), "suffix": (None, ""), "to
 MAX_LOGPROBS = 20
 
 
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize body: a prompt (TokenizeCompletionRequest) or chat messages (TokenizeChatRequest)."""
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    add_special_tokens: bool | None = None  # vLLM: True for a prompt, False for messages (the template adds them)
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    tokens: list[int]
+
+
 class APIError(Exception):
     """An error the client caused or should know of, sent as OpenAI's error body."""
 

@@ -2,8 +2,9 @@
 
 FastAPI + uvicorn, the stack of vLLM's server (`vllm/entrypoints/openai/api_server.py`,
 `serving_completion.py`, `serving_chat.py`): GET /v1/models, POST /v1/completions and
-/v1/chat/completions (streamed as server-sent events, ending in `data: [DONE]`), GET /health and
-GET /metrics (metrics.py). Every bad value is a 400 in OpenAI's error shape naming its
+/v1/chat/completions (streamed as server-sent events, ending in `data: [DONE]`), GET /health,
+GET /metrics (metrics.py), GET /version and vLLM's POST /tokenize and /detokenize; with an API key,
+the /v1 routes ask for it (RequireKey). Every bad value is a 400 in OpenAI's error shape naming its
 `param`, checked before the request is queued; an unknown model is a 404. A client that goes away
 aborts its request: for a stream, Starlette cancels the response when it sees `http.disconnect`;
 for a plain response, the handler is raced against the disconnect (vLLM's `with_cancellation`,
@@ -14,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib.metadata
 import json
+import secrets
 import time
 import uuid
 
@@ -23,10 +26,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .async_llm import AsyncLLM, EngineDeadError, RequestOutput, RequestStream
-from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, check_supported, param_of,
-                       validation_error)
+from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
+                       check_supported, param_of, validation_error)
 from ..request import SamplingParams
 from .metrics import CONTENT_TYPE, ServingMetrics
+
+
+try:
+    VERSION = importlib.metadata.version("nano_engine")
+except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+    VERSION = "unknown"
 
 
 def with_cancellation(handler):
@@ -73,16 +82,48 @@ class OpenAIServing:
             raise APIError(f"The model `{req.model}` does not exist; this server serves `{self.model_name}`",
                            "model", 404, "NotFoundError", "model_not_found")
 
+    def _chat_ids(self, messages, add_generation_prompt: bool = True) -> list[int]:
+        """The chat template's token ids for these messages (call with the tokenizer lock held)."""
+        messages = [{"role": m.role, "content": _text(m.content, i)} for i, m in enumerate(messages)]
+        try:
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                     tokenize=True)
+        except Exception as e:
+            raise APIError(f"messages do not fit the model's chat template: {e}", "messages") from e
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        return [int(i) for i in ids]
+
+    def tokenize(self, req: TokenizeRequest) -> dict:
+        """vLLM's /tokenize: a prompt's token ids, or a chat's through the template."""
+        self._check_model(req)
+        if (req.prompt is None) == (req.messages is None):
+            raise APIError("send either prompt or messages", "prompt" if req.prompt is None else "messages")
+        with self.llm.tokenizer_lock:
+            if req.messages is not None:
+                if req.add_special_tokens:
+                    raise APIError("add_special_tokens=true is not supported with messages (the chat template "
+                                   "adds the special tokens)", "add_special_tokens")
+                ids = self._chat_ids(req.messages, req.add_generation_prompt)
+            else:
+                special = True if req.add_special_tokens is None else req.add_special_tokens
+                ids = [int(i) for i in self.tokenizer(req.prompt, add_special_tokens=special)["input_ids"]]
+            strs = self.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
+        return {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids, "token_strs": strs}
+
+    def detokenize(self, req: DetokenizeRequest) -> dict:
+        """vLLM's /detokenize: the text of token ids, each checked against the vocabulary."""
+        self._check_model(req)
+        vocab = self.llm.engine.model.config.vocab_size
+        bad = [t for t in req.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", "tokens")
+        with self.llm.tokenizer_lock:
+            return {"prompt": self.tokenizer.decode(req.tokens)}
+
     def _prompt_ids(self, req) -> tuple[list[int], str]:
         with self.llm.tokenizer_lock:
             if isinstance(req, ChatCompletionRequest):
-                messages = [{"role": m.role, "content": _text(m.content, i)} for i, m in enumerate(req.messages)]
-                try:
-                    ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-                except Exception as e:
-                    raise APIError(f"messages do not fit the model's chat template: {e}", "messages") from e
-                ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-                return [int(i) for i in ids], "messages"
+                return self._chat_ids(req.messages), "messages"
             prompt = req.prompt
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
                 if len(prompt) != 1:
@@ -275,11 +316,35 @@ def _event(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def build_app(llm: AsyncLLM, model_name: str) -> FastAPI:
-    """The FastAPI app serving `llm` as `model_name` (the caller owns and shuts down `llm`)."""
+class RequireKey:
+    """vLLM's --api-key: every /v1 route needs `Authorization: Bearer <key>`, else a 401 in OpenAI's
+    error shape; the others (/health, /metrics, /version, /tokenize, /detokenize) stay open, as in
+    vLLM (`AuthenticationMiddleware`, vllm/entrypoints/openai/api_server.py). A pure ASGI layer:
+    it leaves the body and the disconnect messages of the routes it passes untouched."""
+
+    def __init__(self, app, key: str):
+        self.app, self.expected = app, f"Bearer {key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1") and scope["method"] != "OPTIONS":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not secrets.compare_digest(given, self.expected):  # in constant time
+                err = APIError("missing or wrong API key: send Authorization: Bearer <key>", None, 401,
+                               "AuthenticationError")
+                return await JSONResponse(err.body(), status_code=401)(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None) -> FastAPI:
+    """The FastAPI app serving `llm` as `model_name` (the caller owns and shuts down `llm`); with
+    `api_key`, the /v1 routes ask for it (RequireKey)."""
     if llm.tokenizer is None:
         raise ValueError("the server needs the engine's tokenizer (LLMEngine(model, tokenizer, ...))")
+    if api_key is not None and not api_key:
+        raise ValueError("api_key is empty: pass a key, or None for an open server")
     app = FastAPI(title="nano_engine", docs_url=None, redoc_url=None)
+    if api_key is not None:
+        app.add_middleware(RequireKey, key=api_key)
     serving = OpenAIServing(llm, model_name)
     metrics = ServingMetrics(model_name)
     metrics.attach(llm)
@@ -308,6 +373,18 @@ def build_app(llm: AsyncLLM, model_name: str) -> FastAPI:
     @app.get("/metrics")
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/version")
+    async def version():
+        return {"version": VERSION}
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        return serving.tokenize(body)
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        return serving.detokenize(body)
 
     @app.get("/v1/models")
     async def models():
