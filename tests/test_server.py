@@ -932,3 +932,36 @@ def test_serve_takes_the_key_from_the_flag_or_vllms_variable_and_warns_an_open_l
     for host, loopback in (("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("localhost", True),
                            ("0.0.0.0", False), ("::", False), ("192.168.1.5", False), ("example.org", False)):
         assert serve_cli.is_loopback(host) == loopback, host
+
+
+def test_chat_honours_vllms_template_fields(server, monkeypatch):
+    """add_generation_prompt, continue_final_message and chat_template_kwargs reach the chat
+    template (they were accepted and ignored before); contradictions are 400s naming the field."""
+    s = server
+    user = [{"role": "user", "content": "What is the capital of France?"}]
+
+    def template(messages, **kw):
+        ids = s.tok.apply_chat_template(messages, tokenize=True, **kw)
+        return [int(i) for i in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
+
+    bare = s.client.chat.completions.create(model="smol", messages=user, max_tokens=1,
+                                            extra_body={"add_generation_prompt": False})
+    assert bare.usage.prompt_tokens == len(template(user, add_generation_prompt=False)) < len(chat_ids(s, user[0]["content"]))
+    opened = user + [{"role": "assistant", "content": "The capital of France is"}]
+    ids = template(opened, add_generation_prompt=False, continue_final_message=True)
+    out = s.client.chat.completions.create(model="smol", messages=opened, max_tokens=6, temperature=0,
+                                           extra_body={"add_generation_prompt": False, "continue_final_message": True})
+    assert out.usage.prompt_tokens == len(ids)
+    assert out.choices[0].message.content == s.tok.decode(reference(s, ids, 6), skip_special_tokens=True)
+    seen = []
+    original = s.tok.apply_chat_template
+    monkeypatch.setattr(s.tok, "apply_chat_template", lambda *a, **kw: seen.append(kw) or original(*a, **kw))
+    s.client.chat.completions.create(model="smol", messages=user, max_tokens=1,
+                                     extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert seen and seen[-1]["enable_thinking"] is False
+    for extra, param in (({"continue_final_message": True}, "continue_final_message"),
+                         ({"add_generation_prompt": False, "continue_final_message": True}, "continue_final_message"),
+                         ({"chat_template_kwargs": {"tokenize": False}}, "chat_template_kwargs")):
+        with pytest.raises(openai.BadRequestError) as e:
+            s.client.chat.completions.create(model="smol", messages=user, max_tokens=1, extra_body=extra)
+        assert e.value.body["param"] == param, extra

@@ -64,7 +64,14 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
 
-class ChatCompletionRequest(_Common):
+class _ChatTemplate(BaseModel):
+    """vLLM's chat-template fields, on chat completions and on /tokenize."""
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False  # the last (assistant) message is left open, to be continued
+    chat_template_kwargs: dict[str, Any] | None = None  # more variables for the template (enable_thinking, ...)
+
+
+class ChatCompletionRequest(_ChatTemplate, _Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool = False  # the sampled tokens' logprobs; top_logprobs alternatives with each
@@ -78,7 +85,7 @@ UNSUPPORTED = {"best_of": (None, 1), "echo": (False,), "suffix": (None, ""), "to
 MAX_LOGPROBS = 20
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(_ChatTemplate):
     """vLLM's /tokenize body: a prompt (TokenizeCompletionRequest) or chat messages (TokenizeChatRequest)."""
     model_config = ConfigDict(extra="forbid")
 
@@ -86,7 +93,6 @@ class TokenizeRequest(BaseModel):
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     add_special_tokens: bool | None = None  # vLLM: True for a prompt, False for messages (the template adds them)
-    add_generation_prompt: bool = True
     return_token_strs: bool = False
 
 

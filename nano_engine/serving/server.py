@@ -38,6 +38,11 @@ except importlib.metadata.PackageNotFoundError:  # run from a source tree that w
     VERSION = "unknown"
 
 
+# apply_chat_template's own arguments, which chat_template_kwargs may not set
+TEMPLATE_ARGUMENTS = {"conversation", "messages", "tokenize", "add_generation_prompt", "continue_final_message",
+                      "return_dict", "return_tensors", "tools", "documents", "chat_template", "tokenizer_kwargs"}
+
+
 def with_cancellation(handler):
     """Run the handler, but stop it (and so abort its request) if the client disconnects first."""
 
@@ -82,12 +87,25 @@ class OpenAIServing:
             raise APIError(f"The model `{req.model}` does not exist; this server serves `{self.model_name}`",
                            "model", 404, "NotFoundError", "model_not_found")
 
-    def _chat_ids(self, messages, add_generation_prompt: bool = True) -> list[int]:
-        """The chat template's token ids for these messages (call with the tokenizer lock held)."""
-        messages = [{"role": m.role, "content": _text(m.content, i)} for i, m in enumerate(messages)]
+    def _chat_ids(self, req) -> list[int]:
+        """The chat template's token ids for req.messages, with vLLM's template fields (call with the
+        tokenizer lock held)."""
+        if req.add_generation_prompt and req.continue_final_message:
+            raise APIError("add_generation_prompt and continue_final_message cannot both be true: a reply "
+                           "either starts or continues the last message", "continue_final_message")
+        extra = req.chat_template_kwargs or {}
+        taken = sorted(set(extra) & TEMPLATE_ARGUMENTS)
+        if taken:
+            raise APIError(f"chat_template_kwargs may not set {taken[0]!r}: the request sets it", "chat_template_kwargs")
+        if req.continue_final_message and req.messages[-1].role != "assistant":
+            raise APIError(f"continue_final_message needs an assistant message last, not {req.messages[-1].role!r}",
+                           "continue_final_message")
+        messages = [{"role": m.role, "content": _text(m.content, i)} for i, m in enumerate(req.messages)]
+        if req.continue_final_message:  # passed only when set: simpler tokenizers (tiny.py's) lack it
+            extra = {**extra, "continue_final_message": True}
         try:
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                     tokenize=True)
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
+                                                     tokenize=True, **extra)
         except Exception as e:
             raise APIError(f"messages do not fit the model's chat template: {e}", "messages") from e
         ids = ids["input_ids"] if hasattr(ids, "keys") else ids
@@ -103,7 +121,7 @@ class OpenAIServing:
                 if req.add_special_tokens:
                     raise APIError("add_special_tokens=true is not supported with messages (the chat template "
                                    "adds the special tokens)", "add_special_tokens")
-                ids = self._chat_ids(req.messages, req.add_generation_prompt)
+                ids = self._chat_ids(req)
             else:
                 special = True if req.add_special_tokens is None else req.add_special_tokens
                 ids = [int(i) for i in self.tokenizer(req.prompt, add_special_tokens=special)["input_ids"]]
@@ -123,7 +141,7 @@ class OpenAIServing:
     def _prompt_ids(self, req) -> tuple[list[int], str]:
         with self.llm.tokenizer_lock:
             if isinstance(req, ChatCompletionRequest):
-                return self._chat_ids(req.messages), "messages"
+                return self._chat_ids(req), "messages"
             prompt = req.prompt
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
                 if len(prompt) != 1:
