@@ -18,33 +18,12 @@
 #include <cstring>
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx.h"
 
 namespace {
 
-constexpr int ARCH_REQ_XCOMP_PERM = 0x1023;
-constexpr int XFEATURE_XTILEDATA = 18;
-
-struct alignas(64) TileConfig {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
 // Tiles: 0-3 the outputs (two row blocks x two column panels), 4-5 x's row blocks, 6-7 the panels.
-void configure(int rows_a, int rows_b) {
-    TileConfig c;
-    std::memset(&c, 0, sizeof c);
-    c.palette = 1;
-    const int rows[8] = {rows_a, rows_a, rows_b, rows_b, rows_a, rows_b, 16, 16};
-    for (int t = 0; t < 8; t++) {
-        c.rows[t] = rows[t] > 0 ? rows[t] : 1;
-        c.colsb[t] = 64;
-    }
-    _tile_loadconfig(&c);
-}
+void configure(int rows_a, int rows_b) { tiles::configure({rows_a, rows_a, rows_b, rows_b, rows_a, rows_b, 16, 16}); }
 
 // Round a tile of fp32 sums (16 columns a row) to bfloat16 and store `cols` columns of `rows` rows.
 void store(const float* sums, uint16_t* y, long ldy, int rows, int cols, const float* bias) {
@@ -59,9 +38,7 @@ void store(const float* sums, uint16_t* y, long ldy, int rows, int cols, const f
 
 }  // namespace
 
-extern "C" int amx_available() {
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-}
+extern "C" int amx_available() { return tiles::request(); }
 
 // w: (N, K) row-major; out: (Np / 16) x (Kp / 32) tiles of 512 bfloat16, Np, Kp multiples of 32.
 extern "C" void pack_bf16(const uint16_t* w, uint16_t* out, int N, int K, int Np, int Kp) {

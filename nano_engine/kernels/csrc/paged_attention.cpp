@@ -35,8 +35,7 @@
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #define NANO_AMX 1
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx.h"
 #endif
 
 namespace {
@@ -57,6 +56,24 @@ struct Item {
 
 constexpr int TILE = 16;        // keys per tile
 constexpr int MAX_VECTORS = 64;  // query vectors (rows x heads sharing a KV head) per item: four groups of 16
+
+// An item's query vectors: vector j is row row0 + j / per_row of query head first_head + j % per_row
+// (the query heads h0 .. h1 - 1 of KV head `head`), and sees keys 0 .. seen(j) - 1.
+struct Vectors {
+    int n, groups, end;  // how many, in groups of 16; the keys the item's last row sees
+    int per_row, first_head, row0, first_seen, nh, hd;
+    int64_t at(int j) const {  // where vector j starts in q and in out
+        return ((static_cast<int64_t>(row0) + j / per_row) * nh + first_head + j % per_row) * hd;
+    }
+    int seen(int j) const { return first_seen + j / per_row; }
+};
+
+inline Vectors vectors_of(const Item &it, const Batch &b) {
+    const int per_row = it.h1 - it.h0, n = (it.row1 - it.row0) * per_row;
+    const int past = b.num_cached[it.seq] - b.query_start[it.seq];  // row r sits at position past + r
+    return {n, (n + 15) / 16, past + it.row1, per_row, it.head * (b.nh / b.nkv) + it.h0, it.row0,
+            past + it.row0 + 1, b.nh, b.hd};
+}
 
 // at[p]: where key p of the item's sequence and KV head starts in a layer's cache, p < end.
 inline void locate(const Item &it, const Batch &b, int end, std::vector<int64_t> &at) {
@@ -130,12 +147,10 @@ template <int NG> inline void score_vectors_tile(const float *qt, int hd, const 
 template <int C, typename T>
 void run_item(const Item &it, const Batch &b, const T *q, const T *k_cache, const T *v_cache, T *out, Scratch &s) {
     constexpr int HP = C * 16;  // head_dim padded
-    const int G = b.nh / b.nkv, hd = b.hd;
-    const int start = b.query_start[it.seq], cached = b.num_cached[it.seq];
-    const int Gi = it.h1 - it.h0, nv = (it.row1 - it.row0) * Gi;  // query vectors
-    const int groups = (nv + 15) / 16;
+    const int hd = b.hd;
+    const Vectors vs = vectors_of(it, b);
+    const int nv = vs.n, groups = vs.groups, end = vs.end;
     const bool across = groups > 1;  // query vectors across the lanes
-    const int end = cached + it.row1 - start;  // keys the last row sees
     const int tiles = (end + TILE - 1) / TILE, width = tiles * TILE;
     locate(it, b, end, s.at);  // key p's row of this head: cache + at[p]
     s.kv.resize(static_cast<size_t>(TILE + 1) * HP);  // 16 rows, then a row of zeros
@@ -143,9 +158,6 @@ void run_item(const Item &it, const Batch &b, const T *q, const T *k_cache, cons
     s.inv.resize(static_cast<size_t>(groups) * 16);
     float *zeros = &s.kv[static_cast<size_t>(TILE) * HP];
     std::fill(zeros, zeros + HP, 0.0f);
-    // Query vector j: row row0 + j / Gi, query head head * G + h0 + j % Gi.
-    auto query = [&](int j) { return q + (static_cast<int64_t>(it.row0 + j / Gi) * b.nh + it.head * G + it.h0 + j % Gi) * hd; };
-    auto seen = [&](int j) { return cached + (it.row0 + j / Gi - start) + 1; };  // the keys vector j sees
     // The tile's 16 rows of K or V as floats, read in place where they already are floats of a whole
     // padded head, else widened into scratch; a row of zeros past `end`.
     const float *rows[TILE];
@@ -172,7 +184,7 @@ void run_item(const Item &it, const Batch &b, const T *q, const T *k_cache, cons
     if (across) {  // st: row p holds key p's score (then weight) of the 64 vectors
         s.q.assign(static_cast<size_t>(groups) * hd * 16, 0.0f);  // Q^T: group g, dim i, the 16 vectors
         for (int j = 0; j < nv; j++) {
-            const T *src = query(j);
+            const T *src = q + vs.at(j);
             float *dst = &s.q[static_cast<size_t>(j / 16) * hd * 16 + j % 16];
             for (int i = 0; i < hd; i++) dst[i * 16] = widen(src[i]);
         }
@@ -190,7 +202,7 @@ void run_item(const Item &it, const Batch &b, const T *q, const T *k_cache, cons
             alignas(64) float limit[16];
             int most = 0, least = 1 << 30;
             for (int n = 0; n < 16; n++) {
-                const int j = 16 * g + n, k = j < nv ? seen(j) : 0;
+                const int j = 16 * g + n, k = j < nv ? vs.seen(j) : 0;
                 limit[n] = static_cast<float>(k);  // exact below 2^24
                 if (j < nv) least = std::min(least, k);
                 most = std::max(most, k);
@@ -219,7 +231,7 @@ void run_item(const Item &it, const Batch &b, const T *q, const T *k_cache, cons
         }
     } else {  // scores[j * width + p]
         s.q.resize(static_cast<size_t>(nv) * HP);
-        for (int j = 0; j < nv; j++) widen_row(&s.q[static_cast<size_t>(j) * HP], query(j), hd, HP);
+        for (int j = 0; j < nv; j++) widen_row(&s.q[static_cast<size_t>(j) * HP], q + vs.at(j), hd, HP);
         s.scores.resize(static_cast<size_t>(nv) * width);
         s.kt.resize(static_cast<size_t>(HP) * 16);
         for (int t = 0; t < tiles; t++) {
@@ -236,7 +248,7 @@ void run_item(const Item &it, const Batch &b, const T *q, const T *k_cache, cons
         }
         for (int j = 0; j < nv; j++) {
             float *sj = &s.scores[static_cast<size_t>(j) * width];
-            const int k = seen(j);
+            const int k = vs.seen(j);
             V16 mv = bcast(-INFINITY);
             for (int t = 0; t < k / TILE; t++) mv = max(mv, load(sj + t * TILE));
             float m = -INFINITY, lanes[16];
@@ -285,8 +297,7 @@ void run_item(const Item &it, const Batch &b, const T *q, const T *k_cache, cons
     for (int j = 0; j < nv; j++) {
         float *aj = &s.acc[static_cast<size_t>(j) * HP];
         for (int c = 0; c < C; c++) store(aj + 16 * c, mul(load(aj + 16 * c), bcast(s.inv[j])));
-        T *o = out + (static_cast<int64_t>(it.row0 + j / Gi) * b.nh + it.head * G + it.h0 + j % Gi) * hd;
-        for (int i = 0; i < hd; i++) narrow(aj[i], o + i);
+        for (int i = 0; i < hd; i++) narrow(aj[i], out + vs.at(j) + i);
     }
 }
 
@@ -333,23 +344,9 @@ template <typename T> ItemFn<T> item_fn(int hd) {  // head_dim up to 256
 // bfloat16 call runs this code, generate() included.
 namespace amx {
 
-bool permitted() {  // Linux hands out the tile registers on request, once per process
-    static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+bool permitted() {  // asked once per process
+    static const bool ok = tiles::request();
     return ok;
-}
-
-struct alignas(64) TileConfig {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
-void configure() {  // eight tiles of 16 rows x 64 bytes: 16 x 32 bfloat16 or 16 x 16 float
-    TileConfig c;
-    std::memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) c.rows[t] = 16, c.colsb[t] = 64;
-    _tile_loadconfig(&c);
 }
 
 struct Scratch {
@@ -366,10 +363,9 @@ inline __m512i load32(const uint16_t *src, int n) {  // the first n (<= 32) of 3
 // The rows row0..row1-1 of one sequence, for one KV head (the same items as the vector code).
 void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
               uint16_t *out, Scratch &s) {
-    const int G = b.nh / b.nkv, hd = b.hd;
-    const int start = b.query_start[it.seq], cached = b.num_cached[it.seq];
-    const int Gi = it.h1 - it.h0, nv = (it.row1 - it.row0) * Gi, groups = (nv + 15) / 16;  // query vectors, in groups of 16
-    const int end = cached + it.row1 - start;                           // keys the last row sees
+    const int hd = b.hd;
+    const Vectors vs = vectors_of(it, b);
+    const int nv = vs.n, groups = vs.groups, end = vs.end;
     const int blocks = (end + 31) / 32, width = blocks * 32;            // 32 keys a block
     const int nkb = (hd + 31) / 32, nd = (hd + 15) / 16, kw = nkb * 32;  // 32-wide slices, 16-wide dims
     const int64_t stride = static_cast<int64_t>(b.nkv) * hd;
@@ -378,7 +374,7 @@ void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t 
     // Q^T in the pair layout TDPBF16PS reads: tile (g, kb), row kk, column n = dims 32kb + 2kk, +1 of vector 16g + n.
     s.qt.assign(static_cast<size_t>(groups) * nkb * 512, 0);
     for (int j = 0; j < nv; j++) {
-        const uint16_t *src = q + (static_cast<int64_t>(it.row0 + j / Gi) * b.nh + it.head * G + it.h0 + j % Gi) * hd;
+        const uint16_t *src = q + vs.at(j);
         uint16_t *dst = &s.qt[static_cast<size_t>(j / 16) * nkb * 512 + (j % 16) * 2];
         for (int i = 0; i < hd; i++) dst[(i / 32) * 512 + (i % 32 / 2) * 32 + i % 2] = src[i];
     }
@@ -441,7 +437,7 @@ void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t 
         __mmask16 used = 0;
         for (int n = 0; n < 16; n++) {
             const int j = 16 * g + n;
-            seen[n] = j < nv ? cached + (it.row0 + j / Gi - start) + 1 : 0;
+            seen[n] = j < nv ? vs.seen(j) : 0;
             if (j < nv) used |= static_cast<__mmask16>(1u << n), least = std::min(least, seen[n]);
             most = std::max(most, seen[n]);
         }
@@ -540,8 +536,7 @@ void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t 
         float *aj = &s.acc[static_cast<size_t>(j) * aw];
         const V16 inv = bcast(1.0f / sums[j]);
         for (int c = 0; c < nd; c++) store(aj + 16 * c, mul(load(aj + 16 * c), inv));
-        uint16_t *o = out + (static_cast<int64_t>(it.row0 + j / Gi) * b.nh + it.head * G + it.h0 + j % Gi) * hd;
-        for (int i = 0; i < hd; i++) narrow(aj[i], o + i);
+        for (int i = 0; i < hd; i++) narrow(aj[i], out + vs.at(j) + i);
     }
 }
 
@@ -550,10 +545,6 @@ void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t 
 
 template <typename T>
 void attention(const T *q, const T *k_cache, const T *v_cache, T *out, const Batch &b, int num_seqs, int threads) {
-    [[maybe_unused]] bool tiles = false;  // bfloat16 on AMX (where built with it)
-#ifdef NANO_AMX
-    if constexpr (sizeof(T) == 2) tiles = amx::permitted();
-#endif
     const int G = b.nh / b.nkv, rows_per_item = std::max(1, MAX_VECTORS / G);
     std::vector<Item> items;
     for (int s = 0; s < num_seqs; s++) {
@@ -571,11 +562,11 @@ void attention(const T *q, const T *k_cache, const T *v_cache, T *out, const Bat
     const int n = static_cast<int>(items.size());
 #ifdef NANO_AMX
     if constexpr (sizeof(T) == 2) {
-        if (tiles) {
+        if (amx::permitted()) {
 #pragma omp parallel num_threads(threads)
             {
                 amx::Scratch scratch;
-                amx::configure();
+                tiles::configure({16, 16, 16, 16, 16, 16, 16, 16});  // 16 x 32 bfloat16 or 16 x 16 float each
 #pragma omp for schedule(dynamic, 1)
                 for (int i = 0; i < n; i++) amx::run_item(items[i], b, q, k_cache, v_cache, out, scratch);
                 _tile_release();
