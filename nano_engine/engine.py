@@ -27,6 +27,7 @@ from .paged import BlockPool, CacheConfig
 from .policies import scheduler_class
 from .request import Request, RequestStatus, SamplingParams
 from .runner import ATTENTION_BACKENDS, ModelRunner, SeqChunk, build_batch
+from . import sampling
 from .sampling import SamplingMetadata, sample
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .steplog import EngineStats, StepRecord
@@ -144,6 +145,14 @@ class LLMEngine:
                 raise ValueError(f"logit_bias key {token} is outside the vocabulary [0, {vocab})")
         if params.logprobs is not None and params.logprobs > vocab:
             raise ValueError(f"logprobs={params.logprobs} must be <= the vocabulary size {vocab}")
+        if params.prompt_logprobs is not None and params.prompt_logprobs > vocab:
+            raise ValueError(f"prompt_logprobs={params.prompt_logprobs} must be <= the vocabulary size {vocab}")
+        for i, t in enumerate(params.allowed_token_ids or ()):
+            if t >= vocab:
+                raise ValueError(f"allowed_token_ids[{i}]={t} is outside the vocabulary [0, {vocab})")
+        if params.bad_words and self.tokenizer is None:
+            raise ValueError(f"bad_words={list(params.bad_words)!r} needs a tokenizer (they are text), and this "
+                             f"engine has none: LLMEngine(model, tokenizer) or LLMEngine.from_pretrained()")
         if params.stop and self.tokenizer is None:
             raise ValueError(f"stop={list(params.stop)!r} needs a tokenizer (stop strings are text), and this "
                              f"engine has none: LLMEngine(model, tokenizer) or LLMEngine.from_pretrained()")
@@ -165,7 +174,10 @@ class LLMEngine:
         req = Request(rid, ids, params, priority=priority, seq=self._num_added, cache_salt=cache_salt,
                       arrival_time=time.perf_counter() if arrival_time is None else arrival_time)
         if params.stop:
-            req.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output)
+            req.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output,
+                                                     params.skip_special_tokens)
+        if params.bad_words:
+            req.bad_words_token_ids = self._bad_words_token_ids(params.bad_words)
         self.scheduler.add_request(req)  # may refuse a request that can never fit
         self.requests[rid] = req
         self._num_added += 1
@@ -173,6 +185,18 @@ class LLMEngine:
             self._next_id = int(rid) + 1
         self._added.append(rid)
         return rid
+
+    def _bad_words_token_ids(self, words) -> list[list[int]]:
+        """Each bad word's tokens as it would start the text and as it would follow a space (BPE
+        tokenizers spell the two differently); each distinct sequence once."""
+        seqs: list[list[int]] = []
+        with self.tokenizer_lock:
+            for word in words:
+                for text in (word.lstrip(), " " + word.lstrip()):
+                    ids = [int(t) for t in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
+                    if ids and ids not in seqs:
+                        seqs.append(ids)
+        return seqs
 
     def _get(self, request_id) -> Request:
         req = self.requests.get(checks.request_id(request_id))
@@ -216,8 +240,11 @@ class LLMEngine:
         try:
             out = self.scheduler.schedule()
             if out.chunks:
-                logits = self.runner.forward(self._batch(out))
+                chunks = self._chunks(out)
+                logits = self.runner.forward(build_batch(chunks, self.config.cache_config.block_size))
                 samplers = [c.request for c in out.chunks if c.start + c.n == c.request.num_tokens]
+                if any(c.all_logits for c in chunks):  # every row of these: prompt logprobs
+                    logits = self._prompt_logprobs(out, chunks, logits)
                 sampled = sample(logits, SamplingMetadata.from_requests(samplers, self.eos_token_ids))
                 num_sampled = len(samplers)
                 self._update(out, {r.request_id: (token, lps) for r, token, lps
@@ -238,13 +265,35 @@ class LLMEngine:
             self.block_pool.reset()  # blocks taken by a scheduler that raised mid-step: start clean
         self._log(out or SchedulerOutput(), finished, t, 0, error=f"{type(error).__name__}: {error}")
 
-    def _batch(self, out: SchedulerOutput):
+    def _chunks(self, out: SchedulerOutput) -> list[SeqChunk]:
         chunks = []
         for c in out.chunks:
             req = c.request
             chunks.append(SeqChunk(req.all_token_ids[c.start:c.start + c.n], c.start, req.block_ids,
-                                   sample=c.start + c.n == req.num_tokens))
-        return build_batch(chunks, self.config.cache_config.block_size)
+                                   sample=c.start + c.n == req.num_tokens, all_logits=_wants_prompt_rows(req, c)))
+        return chunks
+
+    def _prompt_logprobs(self, out: SchedulerOutput, chunks: list[SeqChunk], logits: torch.Tensor) -> torch.Tensor:
+        """Record the prompt logprobs of the all-rows chunks; returns the sampling rows of logits.
+        The row of position p predicts token p + 1; each prompt token gets its logprobs once, also
+        when a preempted request computes its prompt again."""
+        keep, row = [], 0
+        for c, chunk in zip(out.chunks, chunks):
+            req, n = c.request, (c.n if chunk.all_logits else int(chunk.sample))
+            if chunk.all_logits:
+                if not req.prompt_logprobs:
+                    req.prompt_logprobs.append(None)  # the first prompt token: nothing before it
+                first = len(req.prompt_logprobs) - 1  # the position whose row predicts the next missing token
+                assert first >= c.start, "a prompt-logprobs request computes its prompt from its start"
+                last = min(c.start + c.n, req.num_prompt_tokens - 1)  # positions first..last-1 predict prompt tokens
+                if first < last:
+                    rows = logits[row + first - c.start: row + last - c.start]
+                    req.prompt_logprobs.extend(sampling.prompt_logprobs(
+                        rows, req.prompt_ids[first + 1:last + 1], req.sampling_params.prompt_logprobs))
+            if chunk.sample:
+                keep.append(row + n - 1)
+            row += n
+        return logits[keep]
 
     def _update(self, out: SchedulerOutput, sampled: dict[str, tuple], finished: list[Request]) -> None:
         """Advance each scheduled request; `sampled` maps a request_id to its (token, logprobs)."""
@@ -338,6 +387,13 @@ class LLMEngine:
         if self.scheduler.has_unfinished():
             raise RuntimeError("cannot reset the prefix cache while requests are unfinished")
         self.block_pool.reset()
+
+
+def _wants_prompt_rows(req: Request, c) -> bool:
+    """Does this chunk need logits for all its rows: its request asked for prompt logprobs, and
+    the chunk holds positions whose rows predict prompt tokens not yet scored?"""
+    return (req.sampling_params.prompt_logprobs is not None and c.start < req.num_prompt_tokens - 1
+            and c.start + c.n > len(req.prompt_logprobs) - 1)
 
 
 __all__ = ["EngineConfig", "EngineStats", "LLMEngine", "RequestStatus", "StepRecord"]

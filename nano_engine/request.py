@@ -55,6 +55,17 @@ class SamplingParams:
     # refuses them. A bare str is one stop string (OpenAI's API); kept as a tuple.
     stop: tuple[str, ...] = ()
     include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True  # the text leaves out special tokens (EOS, chat markers)
+    # Only these token ids may be sampled (vLLM's allowed_token_ids); None = all. Checked against
+    # the vocabulary at add_request.
+    allowed_token_ids: tuple[int, ...] | None = None
+    # Words that must never be generated (vLLM's bad_words): each word's tokens, with and without a
+    # leading space, are found by the engine's tokenizer at add_request; the last token of a
+    # sequence is banned where the output ends in the ones before it.
+    bad_words: tuple[str, ...] = ()
+    # None = none; k = the logprob of every prompt token (the first has none) and the top k's. The
+    # prompt then needs logits for every row, and it does not read the prefix cache (vLLM's rule).
+    prompt_logprobs: int | None = None
 
     def __post_init__(self):
         # Normalized values (NumPy scalars become Python ones) are written back: frozen dataclass.
@@ -86,10 +97,33 @@ class SamplingParams:
             put("logprobs", checks.integer("logprobs", self.logprobs, minimum=0))
         put("stop", check_stop(self.stop))
         put("include_stop_str_in_output", checks.flag("include_stop_str_in_output", self.include_stop_str_in_output))
+        put("skip_special_tokens", checks.flag("skip_special_tokens", self.skip_special_tokens))
+        if self.allowed_token_ids is not None:
+            allowed = checks.token_ids("allowed_token_ids", self.allowed_token_ids)
+            if not allowed:
+                raise ValueError("allowed_token_ids is empty: no token could be sampled (None allows all)")
+            for i, t in enumerate(allowed):
+                if t < 0:
+                    raise ValueError(f"allowed_token_ids[{i}]={t} must be >= 0 (a token id)")
+            put("allowed_token_ids", tuple(allowed))
+        put("bad_words", _bad_words(self.bad_words))
+        if self.prompt_logprobs is not None:
+            put("prompt_logprobs", checks.integer("prompt_logprobs", self.prompt_logprobs, minimum=0))
 
     @property
     def greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS
+
+
+def _bad_words(value) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise TypeError(f"bad_words={value!r} must be a list of strings")
+    for w in value:
+        if not isinstance(w, str) or not w.strip():
+            raise ValueError(f"bad_words={list(value)!r}: each must be a non-blank string, got {w!r}")
+    return tuple(value)
 
 
 # OpenAI's range for a logit bias (vLLM clamps to it): -100 bans a token in practice, +100 forces it.
@@ -140,6 +174,11 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of full blocks
     cache_salt: str | None = None  # mixed into the first block's hash: shares only with the same salt
     logprobs: list = field(default_factory=list)  # one sampling.SampleLogprobs per output token, if asked
+    # With prompt_logprobs: one sampling.SampleLogprobs per prompt token, None for the first (nothing
+    # comes before it), filled as the prompt's chunks are computed.
+    prompt_logprobs: list = field(default_factory=list)
+    # bad_words as token id sequences (the engine tokenizes them at add_request)
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)
     # The output's text, made by the engine as tokens come, for requests with stop strings
     # (an IncrementalDetokenizer; None otherwise). `output_text` reads it.
     detokenizer: object | None = field(default=None, repr=False)

@@ -7,7 +7,8 @@ the cache slot where each token's K and V go (its slot mapping). Every linear la
 over all T tokens; only attention looks at each sequence separately, over its own blocks
 (attention.py, which batches the decodes of a step into a few tensor ops per layer).
 Logits are computed only for the rows that sample: the last new token of a sequence whose step
-reaches the end of its tokens (a prefill chunk in the middle of a prompt samples nothing).
+reaches the end of its tokens (a prefill chunk in the middle of a prompt samples nothing); a
+request that asked for its prompt's logprobs gets every row of its prompt's chunks.
 
 Mirrors vLLM V1's `vllm/v1/worker/gpu_model_runner.py` (_prepare_inputs: query_start_loc,
 positions, slot_mapping, logits_indices) and the paged attention backends' metadata.
@@ -33,6 +34,7 @@ class SeqChunk(NamedTuple):
     num_cached: int  # tokens before them whose KV is in the cache
     block_ids: Sequence[int]  # the block table, long enough for num_cached + len(token_ids)
     sample: bool  # does this step reach the sequence's last token (so it needs logits)?
+    all_logits: bool = False  # logits for every new token (prompt logprobs), not just the last
 
 
 @dataclass
@@ -44,7 +46,7 @@ class Batch:
     num_cached: list[int]  # (B,)
     block_tables: list[Sequence[int]]  # (B,) each sequence's block ids
     block_size: int
-    logits_indices: torch.Tensor  # (S,) rows whose logits are needed, in sequence order
+    logits_indices: torch.Tensor  # rows whose logits are needed, in sequence order (all of an all_logits chunk)
 
     @property
     def num_tokens(self) -> int:
@@ -75,7 +77,9 @@ def build_batch(chunks: Sequence[SeqChunk], block_size: int) -> Batch:
         slots.extend(c.block_ids[p // block_size] * block_size + p % block_size
                      for p in range(c.num_cached, end))
         starts.append(starts[-1] + n)
-        if c.sample:
+        if c.all_logits:
+            logits_rows.extend(range(starts[-2], starts[-1]))
+        elif c.sample:
             logits_rows.append(starts[-1] - 1)
     return Batch(
         input_ids=torch.tensor(ids, dtype=torch.long),

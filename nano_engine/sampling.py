@@ -4,8 +4,10 @@ The steps, in the order of vLLM's `Sampler.forward` (`vllm/v1/sample/sampler.py`
 
 1. logprobs, if asked for, from the RAW logits (vLLM's default logprobs_mode "raw_logprobs"): what
    the model said, before any bias, penalty or temperature;
-2. logit bias and min_tokens (`vllm/v1/sample/logits_processor/builtin.py`: LogitBiasLogitsProcessor
-   adds each bias; MinTokensLogitsProcessor sets the stop tokens to -inf until min_tokens are out);
+2. allowed_token_ids (every other token to -inf) and bad_words (the last token of a bad word to -inf
+   where the output ends in the tokens before it: `vllm/v1/sample/ops/bad_words.py`), then logit
+   bias and min_tokens (`vllm/v1/sample/logits_processor/builtin.py`: LogitBiasLogitsProcessor adds
+   each bias; MinTokensLogitsProcessor sets the stop tokens to -inf until min_tokens are out);
 3. penalties (`vllm/v1/sample/ops/penalties.py`, which calls `apply_penalties` in
    `vllm/model_executor/layers/utils.py`): repetition over prompt + output tokens (a positive logit
    is divided by it, a negative one multiplied), frequency by each token's count in the output,
@@ -52,8 +54,12 @@ class SamplerOutput:
 
 def top_logprobs(logprobs: torch.Tensor, k: int) -> tuple[list[int], list[float]]:
     """The k largest of logprobs (V,), largest first; equal values by ascending token id."""
-    values, ids = torch.sort(logprobs, descending=True, stable=True)
-    return ids[:k].tolist(), values[:k].tolist()
+    if k <= 0:
+        return [], []
+    kth = torch.topk(logprobs, min(k, logprobs.shape[-1])).values[-1]
+    candidates = torch.nonzero(logprobs >= kth).flatten()  # ascending ids: a stable sort keeps ties so
+    values, order = torch.sort(logprobs[candidates], descending=True, stable=True)
+    return candidates[order[:k]].tolist(), values[:k].tolist()
 
 
 def token_logprobs(raw_logits: torch.Tensor, token: int, k: int) -> SampleLogprobs:
@@ -63,7 +69,37 @@ def token_logprobs(raw_logits: torch.Tensor, token: int, k: int) -> SampleLogpro
     return SampleLogprobs(token, float(lp), int((logprobs > lp).sum()) + 1, ids, values)
 
 
-# ----- 2. logit bias and min_tokens -----
+def prompt_logprobs(raw_logits: torch.Tensor, next_tokens: Sequence[int], k: int) -> list[SampleLogprobs]:
+    """Row i of raw_logits (m, V) predicts next_tokens[i]: its logprob, rank and the top k, as
+    token_logprobs gives them one row at a time."""
+    logprobs = raw_logits.float().log_softmax(-1)  # (m, V)
+    tokens = torch.tensor(list(next_tokens), dtype=torch.long)
+    lps = logprobs.gather(1, tokens[:, None])  # (m, 1)
+    ranks = (logprobs > lps).sum(-1) + 1
+    return [SampleLogprobs(int(t), float(lp), int(r), *top_logprobs(row, k))
+            for t, lp, r, row in zip(tokens.tolist(), lps[:, 0].tolist(), ranks.tolist(), logprobs)]
+
+
+# ----- 2. allowed tokens, bad words, logit bias and min_tokens -----
+
+def apply_allowed_token_ids(logits: torch.Tensor, allowed: Sequence[int]) -> torch.Tensor:
+    """Every logit of row logits (1, V) but the allowed tokens' set to -inf; a new tensor."""
+    keep = torch.zeros(logits.shape[-1], dtype=torch.bool)
+    keep[list(allowed)] = True
+    return logits.masked_fill(~keep, NEG_INF)
+
+
+def apply_bad_words(logits: torch.Tensor, bad_words_token_ids: Sequence[Sequence[int]],
+                    output_ids: Sequence[int]) -> torch.Tensor:
+    """Ban (-inf) the last token of each bad word whose other tokens end the output; row logits
+    (1, V), a new tensor. A one-token word is banned always."""
+    logits = logits.clone()
+    for word in bad_words_token_ids:
+        head = list(word[:-1])
+        if len(head) <= len(output_ids) and list(output_ids[len(output_ids) - len(head):]) == head:
+            logits[0, word[-1]] = NEG_INF
+    return logits
+
 
 def apply_logit_bias(logits: torch.Tensor, logit_bias: Sequence[dict[int, float] | None]) -> torch.Tensor:
     """Add each row's biases to its logits (B, V); a new tensor."""
@@ -171,7 +207,8 @@ def sample_one(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
 def needs_history(p: SamplingParams) -> bool:
     """Whether this request's logits change with what it has generated (or asked for logprobs)."""
     return (p.logit_bias is not None or p.min_tokens > 0 or p.logprobs is not None or p.repetition_penalty != 1.0
-            or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0)
+            or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 or p.allowed_token_ids is not None
+            or bool(p.bad_words))
 
 
 @dataclass
@@ -186,12 +223,15 @@ class SamplingMetadata:
     prompt_ids: Sequence[Sequence[int]] | None = None
     output_ids: Sequence[Sequence[int]] | None = None
     eos_token_ids: Sequence[int] = ()  # masked with the stop_token_ids while min_tokens are not out
+    bad_words_token_ids: Sequence[Sequence[Sequence[int]]] | None = None  # per row: its bad words' token ids
 
     @classmethod
     def from_requests(cls, requests: Sequence, eos_token_ids=()) -> "SamplingMetadata":
-        """The rows of these requests (anything with sampling_params, generator, prompt_ids, output_ids)."""
+        """The rows of these requests (anything with sampling_params, generator, prompt_ids, output_ids,
+        and optionally bad_words_token_ids)."""
         return cls([r.sampling_params for r in requests], [r.generator for r in requests],
-                   [r.prompt_ids for r in requests], [r.output_ids for r in requests], sorted(eos_token_ids))
+                   [r.prompt_ids for r in requests], [r.output_ids for r in requests], sorted(eos_token_ids),
+                   [getattr(r, "bad_words_token_ids", ()) for r in requests])
 
 
 def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
@@ -202,11 +242,16 @@ def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         return SamplerOutput(logits.argmax(-1).tolist(), [None] * rows)  # one call for the common case
     prompt_ids = metadata.prompt_ids if metadata.prompt_ids is not None else [()] * rows
     output_ids = metadata.output_ids if metadata.output_ids is not None else [()] * rows
+    bad_words = metadata.bad_words_token_ids if metadata.bad_words_token_ids is not None else [()] * rows
     dtype = torch.promote_types(logits.dtype, torch.float32)  # float32 at least; a float64 model stays exact
     tokens, logprobs = [], []
     for i, p in enumerate(params):
         row = logits[i:i + 1].to(dtype)  # (1, V): every step on this row alone, so batches cannot mix
         raw = row[0]
+        if p.allowed_token_ids is not None:
+            row = apply_allowed_token_ids(row, p.allowed_token_ids)
+        if bad_words[i]:
+            row = apply_bad_words(row, bad_words[i], output_ids[i])
         if p.logit_bias is not None:
             row = apply_logit_bias(row, [p.logit_bias])
         if p.min_tokens > 0:

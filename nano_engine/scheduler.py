@@ -227,8 +227,10 @@ class Scheduler:
         num_admitted = 0
         while not out.preempted and self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = self.next_waiting()
-            # The longest cached prefix, in full blocks, leaving at least the last token to compute.
-            hit = self.pool.lookup(self.hashes(req, (req.num_tokens - 1) // self.block_size))
+            # The longest cached prefix, in full blocks, leaving at least the last token to compute;
+            # none for a request that wants its prompt's logprobs (they need the prompt's logits).
+            hit = ([] if req.sampling_params.prompt_logprobs is not None else
+                   self.pool.lookup(self.hashes(req, (req.num_tokens - 1) // self.block_size)))
             num_hit = len(hit) * self.block_size
             n = req.num_tokens - num_hit
             if not cfg.enable_chunked_prefill and n > budget:

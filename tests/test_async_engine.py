@@ -394,3 +394,32 @@ def test_a_held_back_tail_is_handed_out_with_the_last_output(make):
     outs = run(collect(llm, [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True, stop=["ab"])))
     assert [o.new_text for o in outs] == ["", "a", "a", "aa"]  # the last "a" might have begun "ab"
     assert outs[-1].finish_reason == "length" and outs[-1].stop_reason is None
+
+
+def test_a_request_added_after_another_waits_for_its_prompt_and_shares_its_blocks(make):
+    """Parallel sampling: children added with `after=` the first reach the engine once it has computed
+    the prompt, so each computes only what the prefix cache lacks; a refusal comes out of the stream."""
+    # The prompt takes two steps (16 + 14 tokens): children let in after the first would find only
+    # its first half cached, and the second step's 2 spare tokens would start them on the rest.
+    llm = make(num_blocks=64, block_size=4, max_num_batched_tokens=16)
+    prompt = list(range(1, 31))  # 7 full blocks and 2 tokens
+
+    async def main():
+        first = await llm.add_request(prompt, SamplingParams(max_tokens=3), "0_r")
+        rest = [await llm.add_request(prompt, SamplingParams(max_tokens=3, seed=i), f"{i}_r", after="0_r")
+                for i in (1, 2)]
+        outs = [[o async for o in s] for s in (first, *rest)]
+        bad = await llm.add_request([10 ** 6], SamplingParams(), "bad", after="0_r")  # after a released request
+        with pytest.raises(ValueError, match="vocabulary"):
+            [o async for o in bad]
+        return outs
+
+    outs = run(main())
+    assert all(o[-1].finished for o in outs)
+    computed = {}
+    for rec in llm.engine.step_log:
+        for rid, n, kind in rec.scheduled:
+            if kind == "prefill":
+                computed[rid] = computed.get(rid, 0) + n
+    assert computed == {"0_r": 30, "1_r": 2, "2_r": 2}
+    assert [o[0].num_cached_tokens for o in outs] == [0, 28, 28]

@@ -246,3 +246,27 @@ def test_from_pretrained_loads_the_model_and_its_tokenizer(tiny, monkeypatch):
     calls.clear()
     LLMEngine.from_pretrained(dtype=torch.bfloat16)
     assert calls == [(None, torch.bfloat16), ("tokenizer", None)]
+
+
+@pytest.mark.parametrize("settings", [{}, {"max_num_batched_tokens": 5},
+                                      {"max_num_batched_tokens": 7, "num_blocks": 8, "block_size": 4}])
+def test_prompt_logprobs_equal_one_forward_pass_in_any_chunks_and_after_preemption(tiny, settings):
+    """prompt_logprobs=k: each prompt token's logprob (the first has none) and the top k, as one forward
+    pass over the whole prompt gives them, whatever the chunks, and computed again after a preemption
+    without being counted twice; such a request never reads the prefix cache."""
+    import torch
+
+    prompts = [list(range(3, 20)), list(range(5, 18))]
+    engine = LLMEngine(tiny, **settings)
+    engine.generate([prompts[0]], SamplingParams(max_tokens=1))  # its blocks are cached now
+    out = engine.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True, prompt_logprobs=3))
+    if "num_blocks" in settings:
+        assert engine.stats.preemptions > 0
+    for req, ids in zip(out, prompts):
+        with torch.inference_mode():
+            # logprobs are float32, as vLLM's
+            want = tiny.compute_logits(tiny(torch.tensor(ids), torch.arange(len(ids)))).float().log_softmax(-1)
+        assert req.num_cached_tokens == 0 and req.prompt_logprobs[0] is None and len(req.prompt_logprobs) == len(ids)
+        for p, x in enumerate(req.prompt_logprobs[1:]):
+            assert x.token_id == ids[p + 1] and x.logprob == want[p, ids[p + 1]].item()
+            assert x.top_ids == want[p].topk(3).indices.tolist() and x.rank == int((want[p] > want[p, ids[p + 1]]).sum()) + 1

@@ -159,3 +159,20 @@ def test_sample_uses_the_history_it_is_given_in_float32_at_least():
     bf = torch.tensor([[1.9921875, 2.0]], dtype=torch.bfloat16)
     freq = SamplingParams(max_tokens=4, frequency_penalty=0.005)
     assert sample(bf, SamplingMetadata([freq], [None], [[0]], [[1]])).token_ids == [1]
+
+
+def test_allowed_token_ids_and_bad_words_mask_before_the_choice():
+    logits = torch.tensor([[3.0, 2.5, 2.0, 0.0]])
+    allowed = SamplingParams(max_tokens=4, allowed_token_ids=(2, 3))
+    assert sample(logits, SamplingMetadata([allowed], [None])).token_ids == [2]
+    bad = SamplingParams(max_tokens=4, bad_words=("x",))
+    # a bad word (1, 0): token 0 is banned only right after a 1; a one-token bad word (2) always
+    meta = dict(bad_words_token_ids=[[[1, 0], [2]]])
+    assert sample(logits, SamplingMetadata([bad], [None], [[]], [[3, 1]], **meta)).token_ids == [1]
+    assert sample(logits, SamplingMetadata([bad], [None], [[]], [[1, 3]], **meta)).token_ids == [0]
+    assert sample(logits, SamplingMetadata([bad], [None], [[]], [[0]], bad_words_token_ids=[[[2], [0, 1], [0]]])
+                  ).token_ids == [3]
+    # logprobs stay the raw model's: the sampled token's, not the masked row's
+    both = SamplingParams(max_tokens=4, allowed_token_ids=(3,), logprobs=1)
+    out = sample(logits, SamplingMetadata([both], [None]))
+    assert out.token_ids == [3] and out.logprobs[0].logprob == pytest.approx(logits[0].log_softmax(-1)[3].item())

@@ -281,6 +281,122 @@ def test_chat_logprobs_streamed_and_not(server):
     assert all(c.logprob <= c.top_logprobs[0].logprob for c in sampled.choices[0].logprobs.content)
 
 
+def test_n_choices_are_seeded_children_that_compute_the_prompt_once(server):
+    """n=3: choice i is the request alone with seed + i (vLLM's children); the prompt is counted once in
+    usage and computed once: the two later choices take its full blocks from the prefix cache."""
+    prompt = "In a quiet village by the sea, an old fisherman kept a secret that nobody knew. " * 2
+    ids = server.tok(prompt)["input_ids"]
+    before = metrics(server)
+    r = server.client.completions.create(model="smol", prompt=prompt, max_tokens=8, temperature=1.0, seed=40, n=3)
+    after = metrics(server)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    alone = [server.client.completions.create(model="smol", prompt=prompt, max_tokens=8, temperature=1.0,
+                                              seed=40 + i).choices[0].text for i in range(3)]
+    assert [c.text for c in r.choices] == alone and len(set(alone)) > 1
+    assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 24
+    full = (len(ids) - 1) // BLOCK_SIZE * BLOCK_SIZE
+    assert after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"] >= 2 * full > 0
+    # streamed: each chunk names its choice; put together by index they are the plain response
+    texts = {}
+    for chunk in server.client.completions.create(model="smol", prompt=prompt, max_tokens=8, temperature=1.0,
+                                                  seed=40, n=3, stream=True):
+        texts[chunk.choices[0].index] = texts.get(chunk.choices[0].index, "") + chunk.choices[0].text
+    assert texts == {i: t for i, t in enumerate(alone)}
+    chat = server.client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Name a fruit."}],
+                                                 max_tokens=6, temperature=0, n=2)
+    assert chat.choices[0].message.content == chat.choices[1].message.content  # greedy: the same twice
+    assert wait_idle(server)["vllm:kv_cache_usage_perc"] == 0
+
+
+def test_a_list_of_prompts_gets_one_choice_each_in_order(server):
+    """lm-eval sends batches as a list of token-id prompts: choice i answers prompt i."""
+    prompts = [server.tok(t)["input_ids"] for t in ("The capital of France is", "One, two, three,", "Hello")]
+    r = server.client.completions.create(model="smol", prompt=prompts, max_tokens=5, temperature=0)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    for choice, ids in zip(r.choices, prompts):
+        assert choice.text == server.tok.decode(reference(server, ids, 5), skip_special_tokens=True)
+    assert r.usage.prompt_tokens == sum(map(len, prompts))
+    r = server.client.completions.create(model="smol", prompt=["Hi", "Bye"], max_tokens=2, temperature=0, n=2)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3] and r.choices[0].text == r.choices[1].text
+
+
+def test_echo_returns_the_prompt_with_its_logprobs(server):
+    """lm-eval's loglikelihood request: echo, logprobs=1, max_tokens=1, token ids. The prompt's logprobs
+    (the first null) are the model's log-softmax over one forward pass of the whole prompt."""
+    ids = server.tok("The quick brown fox jumps over the lazy dog")["input_ids"]
+    r = server.client.completions.create(model="smol", prompt=[ids], max_tokens=1, temperature=0, logprobs=1,
+                                         echo=True, seed=1234)
+    lp, model = r.choices[0].logprobs, server.engine.model
+    with torch.inference_mode():
+        logprobs = model.compute_logits(model(torch.tensor(ids), torch.arange(len(ids)))).float().log_softmax(-1)
+    want = [None] + [logprobs[p, ids[p + 1]].item() for p in range(len(ids) - 1)]
+    assert lp.token_logprobs[:-1] == pytest.approx(want, abs=1e-5) and lp.token_logprobs[0] is None
+    assert lp.tokens[:-1] == [server.tok.decode([t]) for t in ids] and lp.top_logprobs[0] is None
+    next_token = logprobs[-1].argmax().item()
+    assert lp.tokens[-1] == server.tok.decode([next_token])
+    assert lp.token_logprobs[-1] == pytest.approx(logprobs[-1, next_token].item(), abs=1e-5)
+    assert r.choices[0].text == server.tok.decode(ids) + server.tok.decode([next_token])
+    assert lp.text_offset == [sum(map(len, lp.tokens[:i])) for i in range(len(lp.tokens))]
+    for value, top in zip(lp.token_logprobs[1:], lp.top_logprobs[1:]):  # top-1 plus the token itself
+        assert value in top.values() and 1 <= len(top) <= 2 and max(top.values()) >= value
+    only = server.client.completions.create(model="smol", prompt="Echo me", max_tokens=0, echo=True, temperature=0)
+    assert only.choices[0].text == "Echo me" and only.usage.completion_tokens == 0
+    streamed = "".join(c.choices[0].text for c in server.client.completions.create(
+        model="smol", prompt="Echo me", max_tokens=3, echo=True, temperature=0, stream=True))
+    plain = server.client.completions.create(model="smol", prompt="Echo me", max_tokens=3, echo=True, temperature=0)
+    assert streamed == plain.choices[0].text and streamed.startswith("Echo me") and len(streamed) > len("Echo me")
+    # vLLM's prompt_logprobs: the same numbers, keyed by token id, with ranks
+    pl = httpx.post(f"{server.url}/v1/completions", json={"prompt": ids, "max_tokens": 1, "prompt_logprobs": 0},
+                    timeout=60).json()["choices"][0]["prompt_logprobs"]
+    assert pl[0] is None and [e[str(t)]["logprob"] for e, t in zip(pl[1:], ids[1:])] == pytest.approx(want[1:], abs=1e-5)
+
+
+def test_vllms_token_fields_do_what_they_say(server):
+    ids = server.tok("The capital of France is")["input_ids"]
+    greedy = reference(server, ids, 6)
+    body = {"prompt": ids, "max_tokens": 6, "temperature": 0}
+
+    def complete(**extra):
+        r = httpx.post(f"{server.url}/v1/completions", json={**body, **extra}, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    r = complete(return_token_ids=True)  # the ids beside the text
+    assert r["choices"][0]["token_ids"] == greedy and r["choices"][0]["prompt_token_ids"] == ids
+    word = server.tok.decode(greedy[:1]).strip()  # ban the first word of the greedy answer
+    banned = complete(bad_words=[word])["choices"][0]["text"]
+    assert word not in banned.split() and banned != server.tok.decode(greedy)
+    allowed = [server.tok(" Paris")["input_ids"][0], server.tok(".")["input_ids"][0]]
+    out = complete(allowed_token_ids=allowed, return_token_ids=True)["choices"][0]["token_ids"]
+    assert set(out) <= set(allowed) and len(out) == 6
+    eos = server.tok.eos_token_id  # special tokens in the text only when asked for
+    two = {"allowed_token_ids": [eos], "ignore_eos": True, "max_tokens": 2}
+    assert complete(**two)["choices"][0]["text"] == ""
+    assert complete(**two, skip_special_tokens=False)["choices"][0]["text"] == server.tok.decode([eos, eos])
+    r = complete(truncate_prompt_tokens=3)  # the last 3 prompt tokens only
+    assert r["usage"]["prompt_tokens"] == 3
+    assert r["choices"][0]["text"] == server.tok.decode(reference(server, ids[-3:], 6), skip_special_tokens=True)
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "Once upon a time", "temperature": 0,
+                                                          "ignore_eos": True}, timeout=60).json()
+    assert r["usage"]["completion_tokens"] == 16  # a completion's default max_tokens
+    r = complete(logprobs=0, return_tokens_as_token_ids=True)["choices"][0]["logprobs"]
+    assert r["tokens"] == [f"token_id:{t}" for t in greedy]
+
+
+def test_a_chat_template_from_the_request_and_chat_echo(server):
+    template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    r = server.client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Roses are red,"}],
+                                              max_tokens=4, temperature=0, extra_body={"chat_template": template})
+    ids = server.tok("Roses are red,\n")["input_ids"]
+    assert r.usage.prompt_tokens == len(ids)
+    assert r.choices[0].message.content == server.tok.decode(reference(server, ids, 4), skip_special_tokens=True)
+    messages = [{"role": "user", "content": "Name a color."}, {"role": "assistant", "content": "The color is"}]
+    r = server.client.chat.completions.create(
+        model="smol", messages=messages, max_tokens=3, temperature=0,
+        extra_body={"echo": True, "add_generation_prompt": False, "continue_final_message": True})
+    assert r.choices[0].message.content.startswith("The color is") and r.choices[0].message.role == "assistant"
+
+
 def test_a_stream_closed_after_two_chunks_frees_everything(server):
     stream = server.client.completions.create(model="smol", prompt="Tell me a very long story.", max_tokens=1500,
                                               temperature=0, stream=True, extra_body={"ignore_eos": True})
@@ -482,7 +598,7 @@ class CharTokenizer:
     def __init__(self, batch_encoding: bool = False):
         self.batch_encoding, self.templated = batch_encoding, []
 
-    def __call__(self, text):
+    def __call__(self, text, add_special_tokens=True):
         return {"input_ids": [ord(c) for c in text]}
 
     def decode(self, ids, skip_special_tokens=False):
@@ -508,6 +624,9 @@ class ScriptedStream:
 
     async def __aexit__(self, *exc):
         self.exited += 1
+
+    def abort(self):
+        pass
 
     async def __aiter__(self):
         for out in self.outputs:
@@ -535,9 +654,9 @@ class ScriptedLLM:
     def subscribe(self, on_output):
         self.listeners.append(on_output)
 
-    async def add_request(self, prompt_ids, params, request_id, priority=0, cache_salt=None):
+    async def add_request(self, prompt_ids, params, request_id, priority=0, cache_salt=None, after=None):
         self.added.append(SimpleNamespace(ids=prompt_ids, params=params, rid=request_id, priority=priority,
-                                          cache_salt=cache_salt))
+                                          cache_salt=cache_salt, after=after))
         if self.error is not None:
             raise self.error
         self.streams.append(ScriptedStream(request_id, self.outputs))
@@ -596,26 +715,33 @@ def test_errors_are_in_openais_shape():
     """{"error": {"message", "type", "param", "code"}}: an unknown model is a 404 with OpenAI's code, a bad value
     a 400; a request without a model gets the one served."""
     llm, client = app_client()
-    for body, status, want in (({"prompt": "abc", "n": 2}, 400, ("BadRequestError", "n", 400)),
+    for body, status, want in (({"prompt": "abc", "n": 0}, 400, ("BadRequestError", "n", 400)),
                                ({"prompt": "abc", "model": "gpt-4"}, 404,
                                 ("NotFoundError", "model", "model_not_found"))):
         r = post(client, body)
         assert (r.status_code, list(r.json()), set(r.json()["error"])) == (status, ["error"], {
             "message", "type", "param", "code"})
         err = r.json()["error"]
-        assert (err["type"], err["param"], err["code"]) == want and str(body.get("model", "n=2")) in err["message"]
+        assert (err["type"], err["param"], err["code"]) == want and str(body.get("model", "n=0")) in err["message"]
     assert post(client, {"prompt": "abc", "model": "m"}).status_code == 200
     assert post(client, {"prompt": "abc"}).status_code == 200
     assert len(llm.added) == 2
 
 
 REFUSED = [  # (body, the param named, what the message names)
-    ({"prompt": "abc", "echo": True}, "echo", "echo"), ({"prompt": "abc", "suffix": "s"}, "suffix", "suffix"),
+    ({"prompt": "abc", "use_beam_search": True}, "use_beam_search", "use_beam_search"),
+    ({"prompt": "abc", "suffix": "s"}, "suffix", "suffix"), ({"prompt": "abc", "n": 129}, "n", "128"),
+    ({"prompt": "abc", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs", "stream"),
+    ({"prompt": "abc", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens", "0"),
+    ({"prompt": "abc", "allowed_token_ids": []}, "allowed_token_ids", "empty"),
+    ({"prompt": "abc", "bad_words": [" "]}, "bad_words", "blank"),
+    ({"messages": HI, "guided_json": {"type": "object"}}, "guided_json", "guided_json"),
+    ({"messages": HI, "tool_choice": "required"}, "tool_choice", "required"),
     ({"prompt": "abc", "best_of": 2}, "best_of", "best_of"), ({"prompt": "abc", "stop": ["a", ""]}, "stop", "stop"),
     ({"prompt": "abc", "stream_options": {"include_usage": True}}, "stream_options", "stream"),  # without stream
     ({"prompt": "abc", "top_logprobs": 2}, "top_logprobs", "logprobs"),  # completions take logprobs=<int>
     ({"prompt": "abc", "logprobs": 21}, "logprobs", "21"), ({"prompt": "abc", "priority": 1}, "priority", "fcfs"),
-    ({"prompt": ["a", "b"]}, "prompt", "2 prompts"), ({"prompt": "abc", "logit_bias": {"x": 1}}, "logit_bias", "'x'"),
+    ({"prompt": ["a"] * 9, "n": 128}, "prompt", "9 prompts"), ({"prompt": "abc", "logit_bias": {"x": 1}}, "logit_bias", "'x'"),
     ({"prompt": "x" * 65}, "prompt", "65"),  # no room left for a single output token (the KV cache holds 64)
     ({"messages": HI, "response_format": {"type": "json_object"}}, "response_format", "json_object"),
     ({"messages": HI, "top_logprobs": 1}, "top_logprobs", "logprobs=true"),
@@ -667,7 +793,7 @@ def test_the_engines_refusals_are_400s_naming_the_field_and_its_death_a_503(erro
 
 def test_an_unexpected_error_and_a_request_the_engine_failed_are_500s():
     class Broken(CharTokenizer):
-        def __call__(self, text):
+        def __call__(self, text, add_special_tokens=True):
             raise RuntimeError("the tokenizer broke")
 
     _, client = app_client(tokenizer=Broken())
@@ -681,17 +807,22 @@ def test_an_unexpected_error_and_a_request_the_engine_failed_are_500s():
 
 
 def test_a_default_max_tokens_is_what_the_context_and_the_kv_cache_leave():
+    """A chat without max_tokens may fill what is left (vLLM's default); a completion gets 16 (OpenAI's and
+    vLLM's), or less where less is left."""
     llm, client = app_client(num_blocks=4, block_size=16, max_position_embeddings=256)
-    for prompt, room in (("abc", 62), ("x" * 60, 5), ("x" * 64, 1)):  # capacity 64: 64 - len + 1
+    for prompt, room in (("abc", 16), ("x" * 60, 5), ("x" * 64, 1)):  # capacity 64: 64 - len + 1
         assert post(client, {"prompt": prompt}).status_code == 200
         assert llm.added[-1].params.max_tokens == room
+    chat = {"messages": HI}  # 'user: hi\nassistant: ' is 20 tokens
+    post(client, chat)
+    assert llm.added[-1].params.max_tokens == 45  # 64 - 20 + 1
     llm, client = app_client(num_blocks=64, block_size=16, max_position_embeddings=100)
-    post(client, {"prompt": "abc"})
-    assert llm.added[-1].params.max_tokens == 97  # the context: 100 - 3
-    # without chunked prefill a prompt must fit one step's budget (32): 32 - 3 + 1
+    post(client, chat)
+    assert llm.added[-1].params.max_tokens == 80  # the context: 100 - 20
+    # without chunked prefill a prompt must fit one step's budget (32): 32 - 20 + 1
     llm, client = app_client(num_blocks=4, block_size=16, chunked=False, max_num_batched_tokens=32)
-    post(client, {"prompt": "abc"})
-    assert llm.added[-1].params.max_tokens == 30
+    post(client, chat)
+    assert llm.added[-1].params.max_tokens == 13
 
 
 def test_a_max_tokens_past_the_context_is_refused_naming_the_field_and_the_limit():
@@ -715,16 +846,20 @@ def test_a_max_tokens_past_the_context_is_refused_naming_the_field_and_the_limit
 def test_each_request_field_reaches_the_engine():
     llm, client = app_client(num_blocks=64)
     post(client, {"prompt": "abc"})
-    assert llm.added[-1].params == SamplingParams(max_tokens=253, temperature=1.0)  # OpenAI's defaults otherwise
+    assert llm.added[-1].params == SamplingParams(max_tokens=16, temperature=1.0)  # OpenAI's defaults otherwise
     body = {"prompt": "abc", "max_tokens": 9, "temperature": 0.5, "top_p": 0.9, "top_k": 7, "seed": 11,
             "stop_token_ids": [5, 6], "ignore_eos": True, "min_p": 0.05, "repetition_penalty": 1.1,
             "presence_penalty": 0.2, "frequency_penalty": 0.3, "logit_bias": {"65": 2.5}, "min_tokens": 2,
-            "logprobs": 3, "stop": ["zz", "yy"], "include_stop_str_in_output": True}
+            "logprobs": 3, "stop": ["zz", "yy"], "include_stop_str_in_output": True, "skip_special_tokens": False,
+            "allowed_token_ids": [97, 98], "bad_words": ["no"], "prompt_logprobs": 2}
     assert post(client, body).status_code == 200
     assert llm.added[-1].params == SamplingParams(
         max_tokens=9, temperature=0.5, top_p=0.9, top_k=7, seed=11, stop_token_ids=(5, 6), ignore_eos=True,
         min_p=0.05, repetition_penalty=1.1, presence_penalty=0.2, frequency_penalty=0.3, logit_bias={65: 2.5},
-        min_tokens=2, logprobs=3, stop=("zz", "yy"), include_stop_str_in_output=True)
+        min_tokens=2, logprobs=3, stop=("zz", "yy"), include_stop_str_in_output=True, skip_special_tokens=False,
+        allowed_token_ids=(97, 98), bad_words=("no",), prompt_logprobs=2)
+    post(client, {"prompt": "abc", "echo": True, "logprobs": 1})  # echo scores the prompt with the logprobs' k
+    assert llm.added[-1].params.prompt_logprobs == 1
     for top_k, want in ((-1, 0), (0, 0), (1, 1)):  # vLLM's -1: no limit
         post(client, {"prompt": "abc", "top_k": top_k, "stop": "one"})
         assert (llm.added[-1].params.top_k, llm.added[-1].params.stop) == (want, ("one",))

@@ -56,6 +56,8 @@ class RequestOutput:
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
     # One sampling.SampleLogprobs per new token (from the raw logits), if the request asked for logprobs
     logprobs: list | None = None
+    # With prompt_logprobs: one per prompt token (None for the first), in the request's first output
+    prompt_logprobs: list | None = None
 
 
 class EngineDeadError(RuntimeError):
@@ -70,6 +72,7 @@ class _Stream:
     queue: asyncio.Queue
     detokenizer: IncrementalDetokenizer | None
     num_sent: int = 0  # output tokens already handed out
+    sent_any: bool = False  # has an output gone out (the first carries the prompt logprobs)
 
 
 @dataclass
@@ -81,6 +84,12 @@ class _Add:
     priority: int
     cache_salt: str | None
     accepted: asyncio.Future
+    after: str | None = None  # added only once this request has computed its prompt (add_request)
+
+    @property
+    def awaited(self) -> bool:
+        """Does the caller await `accepted` (else a refusal goes to the stream)?"""
+        return self.after is None
 
 
 @dataclass
@@ -150,6 +159,7 @@ class AsyncLLM:
         self.engine: LLMEngine | None = None  # set by the engine thread before anything else runs
         self._cond = threading.Condition()
         self._commands: deque[_Add | _Abort] = deque()
+        self._deferred: list[_Add] = []  # engine thread only: adds waiting for their `after` request
         self._streams: dict[str, _Stream] = {}  # engine thread only
         self._ids = itertools.count()
         self._stopping = False
@@ -195,19 +205,27 @@ class AsyncLLM:
     # ----- the callers' side (event loop) -----
     async def add_request(self, prompt_ids: Sequence[int], sampling_params: SamplingParams | None = None,
                           request_id: str | None = None, *, priority: int = 0,
-                          cache_salt: str | None = None) -> RequestStream:
+                          cache_salt: str | None = None, after: str | None = None) -> RequestStream:
         """Queue a request; returns its stream once the engine has accepted it. Raises the engine's
         TypeError / ValueError for a request it refuses (nothing is queued then). Stop strings are
-        `sampling_params.stop`, as in vLLM."""
+        `sampling_params.stop`, as in vLLM.
+
+        `after`: the id of a request with the same prompt (parallel sampling, n > 1). This one
+        is added to the engine only once that one has computed its prompt, so that the prefix
+        cache hands it the prompt's full blocks instead of computing them again (requests admitted
+        in one step would each compute it: a block is named only once its KV is written). The stream
+        is returned at once; a refusal by the engine then comes out of it, as its first item.
+        """
         self._check_alive()
         loop = asyncio.get_running_loop()
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         queue: asyncio.Queue = asyncio.Queue()
         accepted = loop.create_future()
         stream = _Stream(request_id, loop, queue, None)
-        self._submit(_Add(stream, prompt_ids, sampling_params, priority, cache_salt, accepted))
+        self._submit(_Add(stream, prompt_ids, sampling_params, priority, cache_salt, accepted, after))
         try:
-            await accepted
+            if after is None:
+                await accepted
         except asyncio.CancelledError:
             self._submit(_Abort(request_id))  # it may have been added meanwhile
             raise
@@ -246,7 +264,7 @@ class AsyncLLM:
         try:
             while True:
                 with self._cond:
-                    while not (self._commands or self._stopping or self.engine.has_unfinished()):
+                    while not (self._commands or self._stopping or self._deferred or self.engine.has_unfinished()):
                         self._cond.wait()
                     if self._stopping:
                         break
@@ -255,6 +273,7 @@ class AsyncLLM:
                     self._commands.clear()
                 for command in commands:
                     self._apply(command)
+                self._add_deferred()
                 if self.engine.has_unfinished():
                     try:
                         self.engine.step()
@@ -271,22 +290,46 @@ class AsyncLLM:
         if isinstance(command, _Abort):
             if command.request_id in self.engine.requests:
                 self.engine.abort(command.request_id)
+            else:  # not added yet: it never will be
+                self._deferred = [d for d in self._deferred if d.stream.request_id != command.request_id]
             return
+        caching = self.engine.config.cache_config.enable_prefix_caching
+        if command.after is not None and caching and command.after in self.engine.requests:
+            self._deferred.append(command)
+            return
+        self._add(command)
+
+    def _add(self, command: _Add) -> None:
         stream, request_id = command.stream, command.stream.request_id
         try:
             self.engine.add_request(command.prompt_ids, command.params, request_id, priority=command.priority,
                                     cache_salt=command.cache_salt)
         except Exception as e:
-            stream.loop.call_soon_threadsafe(_settle, command.accepted, e)
+            if command.awaited:
+                stream.loop.call_soon_threadsafe(_settle, command.accepted, e)
+            else:
+                self._deliver(stream, e)
             return
         # Text: the engine's detokenizer for a request with stop strings, else one of our own.
         req = self.engine.requests[request_id]
         if req.detokenizer is not None:
             stream.detokenizer = req.detokenizer
         elif self.tokenizer is not None:
-            stream.detokenizer = IncrementalDetokenizer(self.tokenizer)
+            stream.detokenizer = IncrementalDetokenizer(
+                self.tokenizer, skip_special_tokens=req.sampling_params.skip_special_tokens)
         self._streams[request_id] = stream
         stream.loop.call_soon_threadsafe(_settle, command.accepted, None)
+
+    def _add_deferred(self) -> None:
+        """Add the deferred requests whose `after` request has computed its prompt (or is gone)."""
+        waiting = []
+        for command in self._deferred:
+            first = self.engine.requests.get(command.after)
+            if first is None or first.is_finished or first.num_computed >= first.num_prompt_tokens:
+                self._add(command)
+            else:
+                waiting.append(command)
+        self._deferred = waiting
 
     def _publish(self) -> None:
         """Hand every request's new tokens (and text) to its caller; release the finished."""
@@ -308,7 +351,10 @@ class AsyncLLM:
                 num_cached_tokens=max(req.num_cached_tokens, 0), num_output_tokens=len(req.output_ids),
                 arrival_time=req.arrival_time, finished=req.is_finished, finish_reason=req.finish_reason,
                 stop_reason=req.stop_reason if req.is_finished else None,
-                logprobs=list(req.logprobs[stream.num_sent:]) if sp.logprobs is not None else None)
+                logprobs=list(req.logprobs[stream.num_sent:]) if sp.logprobs is not None else None,
+                prompt_logprobs=(list(req.prompt_logprobs) if sp.prompt_logprobs is not None and not stream.sent_any
+                                 else None))
+            stream.sent_any = True
             stream.num_sent = len(req.output_ids)
             if req.is_finished:
                 self.engine.release(rid)
@@ -332,11 +378,15 @@ class AsyncLLM:
 
     def _close_all(self) -> None:
         """On shutdown (or a crash): abort what is left, tell every caller, refuse queued adds."""
-        for command in list(self._commands):
+        for command in [*self._commands, *self._deferred]:
             if isinstance(command, _Add):
-                command.stream.loop.call_soon_threadsafe(
-                    _settle, command.accepted, EngineDeadError("the engine shut down before the request was added"))
+                error = EngineDeadError("the engine shut down before the request was added")
+                if command.awaited:
+                    command.stream.loop.call_soon_threadsafe(_settle, command.accepted, error)
+                else:  # its caller listens to the stream
+                    self._deliver(command.stream, error)
         self._commands.clear()
+        self._deferred.clear()
         for rid in list(self._streams):
             try:
                 self.engine.abort(rid)

@@ -2,18 +2,24 @@
 
 Field names and defaults follow OpenAI's API and vLLM's extras (`vllm/entrypoints/openai/protocol.py`:
 CompletionRequest, ChatCompletionRequest, ErrorResponse): `top_k`, `ignore_eos`, `stop_token_ids`,
-`include_stop_str_in_output`, `priority`, `repetition_penalty`, `min_p` and `min_tokens` are vLLM's,
-not OpenAI's. Unknown fields are accepted and ignored (clients send extras), but a field that asks for
-something this engine does not do (n > 1, best_of, echo, tools, ...) is refused with a 400 naming it,
-never silently dropped.
+`include_stop_str_in_output`, `priority`, `repetition_penalty`, `min_p`, `min_tokens`,
+`skip_special_tokens`, `allowed_token_ids`, `bad_words`, `truncate_prompt_tokens`, `prompt_logprobs`,
+`add_special_tokens`, `return_token_ids` and `return_tokens_as_token_ids` are vLLM's, not OpenAI's.
+A field that vLLM or OpenAI defines and this engine does not do (UNSUPPORTED: best_of, beam search,
+guided decoding, tools, ...) is refused with a 400 naming it when it asks for anything but its
+default, never silently dropped. A field neither of them defines is ignored with a warning in the
+server's log, as vLLM does (clients send extras of their own).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+logger = logging.getLogger(__name__)
 
 
 class StreamOptions(BaseModel):
@@ -23,6 +29,13 @@ class StreamOptions(BaseModel):
 
 class _Common(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="after")
+    def _log_unknown(self):
+        unknown = sorted(set(self.model_extra or ()) - set(UNSUPPORTED))
+        if unknown:
+            logger.warning("fields ignored (neither OpenAI nor vLLM defines them): %s", unknown)
+        return self
 
     model: str | None = None
     max_tokens: int | None = None
@@ -47,15 +60,20 @@ class _Common(BaseModel):
     min_p: float | None = None  # vLLM's; None: 0 (off)
     min_tokens: int = 0  # vLLM's
     top_logprobs: int | None = None  # chat only (with logprobs=true): how many alternatives per token
-    # Asked for, but not done by this engine: refused when set to anything but their defaults.
-    best_of: int | None = None
+    skip_special_tokens: bool = True  # vLLM's: the text leaves out special tokens
+    allowed_token_ids: list[int] | None = None  # vLLM's: only these may be sampled
+    bad_words: list[str] | None = None  # vLLM's: words never generated
+    truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last k tokens (-1: the context)
+    prompt_logprobs: int | None = None  # vLLM's: each prompt token's logprob and the top k's
+    return_token_ids: bool | None = None  # vLLM's: token ids beside the text (prompt_token_ids, token_ids)
+    return_tokens_as_token_ids: bool | None = None  # vLLM's: logprobs name tokens "token_id:<id>"
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[int] | list[str] | list[list[int]]  # a list of prompts: one choice per prompt (x n)
     logprobs: int | None = None  # the top-k alternatives per token (0: the sampled token's logprob only)
-    echo: bool = False
-    suffix: str | None = None
+    echo: bool = False  # the prompt before the output (with its logprobs, when logprobs are asked for)
+    add_special_tokens: bool = True  # vLLM's: the tokenizer's special tokens (BOS) around a text prompt
 
 
 class ChatMessage(BaseModel):
@@ -75,14 +93,30 @@ class ChatCompletionRequest(_ChatTemplate, _Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool = False  # the sampled tokens' logprobs; top_logprobs alternatives with each
-    tools: list[dict[str, Any]] | None = None
     response_format: dict[str, Any] | None = None
+    echo: bool = False  # vLLM's: the reply starts with the last message when it has the reply's role
+    chat_template: str | None = None  # vLLM's: a Jinja template instead of the tokenizer's
+    add_special_tokens: bool = False  # vLLM's: the tokenizer's special tokens on top of the template's
 
 
-# field -> the value meaning "not asked for"
-UNSUPPORTED = {"best_of": (None, 1), "echo": (False,), "suffix": (None, ""), "tools": (None, [])}
+# Fields of OpenAI's or vLLM's requests that this engine does not do -> the values meaning "not
+# asked for" (what clients send by default). Anything else is refused by name.
+UNSUPPORTED = {
+    "best_of": (None, 1), "suffix": (None, ""), "use_beam_search": (None, False), "length_penalty": (None, 1.0),
+    "spaces_between_special_tokens": (None, True), "logits_processors": (None, []), "prompt_embeds": (None,),
+    "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
+    "structural_tag": (None,), "structured_outputs": (None,), "guided_decoding_backend": (None,),
+    "guided_whitespace_pattern": (None,), "tools": (None, []), "tool_choice": (None, "none"),
+    "functions": (None, []), "function_call": (None, "none"), "documents": (None,), "mm_processor_kwargs": (None,),
+    "kv_transfer_params": (None,), "vllm_xargs": (None,), "reasoning_effort": (None,), "include_reasoning": (None, True),
+    "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,), "web_search_options": (None,),
+}
 # vLLM's default --max-logprobs: the most alternatives per token a request may ask for.
 MAX_LOGPROBS = 20
+# OpenAI's and vLLM's max_tokens of a completion that sets none (a chat takes what the context leaves).
+COMPLETION_MAX_TOKENS = 16
+# The most choices one request may ask for (prompts x n); OpenAI caps n at 128.
+MAX_N, MAX_CHOICES = 128, 1024
 
 
 class TokenizeRequest(_ChatTemplate):
@@ -116,15 +150,23 @@ class APIError(Exception):
                           "code": self.code if self.code is not None else self.status}}
 
 
+def _same(value, defaults) -> bool:
+    return any(value is d or (type(value) is type(d) and value == d) for d in defaults)
+
+
 def check_supported(req: _Common) -> None:
+    extra = req.model_extra or {}
     for name, defaults in UNSUPPORTED.items():
-        if name in type(req).model_fields and getattr(req, name) not in defaults:
-            raise APIError(f"{name}={getattr(req, name)!r} is not supported by this server "
-                           f"(leave it unset)", name)
+        if name in extra and not _same(extra[name], defaults):
+            raise APIError(f"{name}={extra[name]!r} is not supported by this server (leave it unset)", name)
     if req.stream_options is not None and not req.stream:
         raise APIError("stream_options can only be set when stream is true", "stream_options")
-    if req.n != 1:
-        raise APIError(f"n={req.n} is not supported: this server returns one choice per request (n=1)", "n")
+    if not 1 <= req.n <= MAX_N:
+        raise APIError(f"n={req.n} must be in [1, {MAX_N}]", "n")
+    if req.prompt_logprobs is not None and req.stream:
+        raise APIError("prompt_logprobs are not available when stream is true (vLLM's rule)", "prompt_logprobs")
+    if req.prompt_logprobs is not None and not 0 <= req.prompt_logprobs <= MAX_LOGPROBS:
+        raise APIError(f"prompt_logprobs={req.prompt_logprobs} must be in [0, {MAX_LOGPROBS}]", "prompt_logprobs")
     chat = isinstance(req, ChatCompletionRequest)
     k, name = (req.top_logprobs, "top_logprobs") if chat else (req.logprobs, "logprobs")
     if k is not None and not 0 <= k <= MAX_LOGPROBS:

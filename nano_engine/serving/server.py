@@ -14,6 +14,7 @@ for a plain response, the handler is raced against the disconnect (vLLM's `with_
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import importlib.metadata
 import json
@@ -26,8 +27,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .async_llm import AsyncLLM, EngineDeadError, RequestOutput, RequestStream
-from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
-                       check_supported, param_of, validation_error)
+from .protocol import (COMPLETION_MAX_TOKENS, MAX_CHOICES, APIError, ChatCompletionRequest, CompletionRequest,
+                       DetokenizeRequest, TokenizeRequest, check_supported, param_of, validation_error)
 from ..request import SamplingParams
 from .metrics import CONTENT_TYPE, ServingMetrics
 
@@ -63,6 +64,56 @@ def with_cancellation(handler):
 async def _disconnected(raw: Request) -> None:
     while (await raw.receive())["type"] != "http.disconnect":
         pass
+
+
+@dataclasses.dataclass
+class _Prompt:
+    ids: list[int]
+    text: str | None  # as the client sent it, if it sent text (echo returns it as is)
+
+
+@dataclasses.dataclass(eq=False)
+class _Choice:
+    """One choice of a response: one engine request, and what has come of it."""
+    index: int
+    prompt: _Prompt
+    stream: RequestStream
+    first: bool  # the first choice of its prompt: it computes the prompt (its cached tokens count)
+    last: RequestOutput | None = None
+    text: list[str] = dataclasses.field(default_factory=list)
+    token_ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list | None = None
+    prompt_logprobs: list | None = None
+    # streamed: chunks sent, logprobs and token ids not sent yet, completions' text offset
+    sent: int = 0
+    pending: list | None = None
+    pending_ids: list[int] = dataclasses.field(default_factory=list)
+    offset: int = 0
+
+    def take(self, out: RequestOutput) -> None:
+        self.last = out
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
+
+    async def drain(self) -> None:
+        """All of the request's outputs (a plain response)."""
+        async with self.stream:
+            async for out in self.stream:
+                self.take(out)
+                self.text.append(out.new_text)
+                self.token_ids += out.new_token_ids
+                if out.logprobs is not None:
+                    self.logprobs = (self.logprobs or []) + out.logprobs
+
+    async def pump(self, queue: asyncio.Queue) -> None:
+        """Each output into the queue as (self, output); then (self, None), or (self, the error)."""
+        try:
+            async with self.stream:
+                async for out in self.stream:
+                    queue.put_nowait((self, out))
+        except Exception as e:
+            queue.put_nowait((self, e))
+        queue.put_nowait((self, None))
 
 
 class OpenAIServing:
@@ -103,11 +154,19 @@ class OpenAIServing:
         messages = [{"role": m.role, "content": _text(m.content, i)} for i, m in enumerate(req.messages)]
         if req.continue_final_message:  # passed only when set: simpler tokenizers (tiny.py's) lack it
             extra = {**extra, "continue_final_message": True}
+        template = getattr(req, "chat_template", None)
+        if template is not None:
+            extra = {**extra, "chat_template": template}
+        special = getattr(req, "add_special_tokens", None) and isinstance(req, ChatCompletionRequest)
         try:
             ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
-                                                     tokenize=True, **extra)
+                                                     tokenize=not special, **extra)
         except Exception as e:
-            raise APIError(f"messages do not fit the model's chat template: {e}", "messages") from e
+            param = "chat_template" if template is not None else "messages"
+            raise APIError(f"messages do not fit the {'given' if template else 'model' + chr(39) + 's'} chat "
+                           f"template: {e}", param) from e
+        if special:  # the templated text, then the tokenizer's own special tokens too (vLLM's add_special_tokens)
+            ids = self.tokenizer(ids, add_special_tokens=True)
         ids = ids["input_ids"] if hasattr(ids, "keys") else ids
         return [int(i) for i in ids]
 
@@ -138,38 +197,56 @@ class OpenAIServing:
         with self.llm.tokenizer_lock:
             return {"prompt": self.tokenizer.decode(req.tokens)}
 
-    def _prompt_ids(self, req) -> tuple[list[int], str]:
+    def _prompts(self, req) -> tuple[list[_Prompt], str]:
+        """The request's prompts as token ids (a completion may send a list of them), each cut to
+        its last truncate_prompt_tokens tokens when asked; and the field they came from."""
+        chat = isinstance(req, ChatCompletionRequest)
         with self.llm.tokenizer_lock:
-            if isinstance(req, ChatCompletionRequest):
-                return self._chat_ids(req), "messages"
-            prompt = req.prompt
-            if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-                if len(prompt) != 1:
-                    raise APIError(f"prompt is a batch of {len(prompt)} prompts: send one prompt per request",
-                                   "prompt")
-                prompt = prompt[0]
-            if isinstance(prompt, str):
-                return list(self.tokenizer(prompt)["input_ids"]), "prompt"
-            return list(prompt), "prompt"
+            if chat:
+                prompts, param = [_Prompt(self._chat_ids(req), None)], "messages"
+            else:
+                raw, param = req.prompt, "prompt"
+                if not (isinstance(raw, list) and raw and isinstance(raw[0], (str, list))):
+                    raw = [raw]  # one prompt: a string or token ids
+                if not raw or len(raw) * req.n > MAX_CHOICES:
+                    raise APIError(f"prompt is a list of {len(raw)} prompts with n={req.n}: send 1 to "
+                                   f"{MAX_CHOICES} choices per request", "prompt")
+                prompts = [_Prompt(list(self.tokenizer(p, add_special_tokens=req.add_special_tokens)["input_ids"]), p)
+                           if isinstance(p, str) else _Prompt(list(p), None) for p in raw]
+        keep = req.truncate_prompt_tokens
+        if keep is not None:
+            keep = self.max_model_len if keep == -1 else keep
+            if not 1 <= keep <= self.max_model_len:
+                raise APIError(f"truncate_prompt_tokens={req.truncate_prompt_tokens} must be -1 (the model's "
+                               f"context) or in [1, {self.max_model_len}]", "truncate_prompt_tokens")
+            prompts = [_Prompt(p.ids[-keep:], p.text if len(p.ids) <= keep else None) for p in prompts]
+        return prompts, param
 
     def _sampling_params(self, req, num_prompt: int, prompt_param: str) -> tuple[SamplingParams, str]:
         """The request's SamplingParams, which check every value (a refusal names its field)."""
+        chat = isinstance(req, ChatCompletionRequest)
         max_tokens, max_param = req.max_tokens, "max_tokens"
         if getattr(req, "max_completion_tokens", None) is not None:
             max_tokens, max_param = req.max_completion_tokens, "max_completion_tokens"
+        if not chat and req.echo and max_tokens == 0:
+            max_tokens = 1  # the prompt only (vLLM's echo without generation): one token is run and dropped
         room = min(self.max_model_len - num_prompt, self.capacity - num_prompt + 1)
         if max_tokens is None:
             if room < 1:
                 raise APIError(f"the prompt has {num_prompt} tokens, which leaves no room for output: this "
                                f"model's maximum context length is {self.max_model_len} tokens and the KV "
                                f"cache holds {self.capacity} per request", prompt_param)
-            max_tokens = room  # vLLM's default: whatever the context has left
+            # chat: whatever the context has left (vLLM's default); completions: 16 (OpenAI's and vLLM's)
+            max_tokens = room if chat else min(COMPLETION_MAX_TOKENS, room)
         elif isinstance(max_tokens, int) and max_tokens >= 1 and num_prompt + max_tokens > self.max_model_len:
             raise APIError(f"This model's maximum context length is {self.max_model_len} tokens. However, you "
                            f"requested {num_prompt + max_tokens} tokens ({num_prompt} in the {prompt_param}, "
                            f"{max_tokens} in the completion). Please reduce the length of the {prompt_param} "
                            f"or {max_param}.", max_param)
         top_k = req.top_k if req.top_k is not None else 0
+        prompt_logprobs = req.prompt_logprobs
+        if prompt_logprobs is None and not chat and req.echo and req.logprobs is not None:
+            prompt_logprobs = req.logprobs  # echo returns the prompt's logprobs with the output's
         try:
             params = SamplingParams(
                 max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
@@ -178,120 +255,251 @@ class OpenAIServing:
                 min_p=_or(req.min_p, 0.0), repetition_penalty=_or(req.repetition_penalty, 1.0),
                 presence_penalty=_or(req.presence_penalty, 0.0), frequency_penalty=_or(req.frequency_penalty, 0.0),
                 logit_bias=_logit_bias(req.logit_bias), min_tokens=req.min_tokens, logprobs=_num_logprobs(req),
-                stop=req.stop or (), include_stop_str_in_output=req.include_stop_str_in_output)
+                stop=req.stop or (), include_stop_str_in_output=req.include_stop_str_in_output,
+                skip_special_tokens=req.skip_special_tokens, bad_words=tuple(req.bad_words or ()),
+                allowed_token_ids=None if req.allowed_token_ids is None else tuple(req.allowed_token_ids),
+                prompt_logprobs=prompt_logprobs)
         except (TypeError, ValueError) as e:
             raise APIError(str(e), param_of(e, {"max_tokens": max_param})) from e
         return params, max_param
 
-    async def _start(self, req, kind: str) -> tuple[RequestStream, int]:
+    async def _start(self, req, kind: str) -> tuple[str, list[_Choice], list[_Prompt]]:
+        """Check the request, then hand the engine one request per choice: n per prompt, child i of a
+        prompt with seed + i (vLLM's parallel sampling), children after the first added once it has
+        computed the prompt, whose blocks they then share through the prefix cache."""
         self._check_model(req)
         check_supported(req)
-        ids, prompt_param = self._prompt_ids(req)
-        params, max_param = self._sampling_params(req, len(ids), prompt_param)
+        prompts, prompt_param = self._prompts(req)
+        planned = [self._sampling_params(req, len(p.ids), prompt_param) for p in prompts]  # all checked first
+        max_param = planned[0][1]
         policy = self.llm.engine.config.scheduler_config.policy
         if req.priority != 0 and policy != "priority":
             raise APIError(f"priority={req.priority} needs --scheduling-policy priority (this server runs "
                            f"{policy})", "priority")
         rid = f"{kind}-{uuid.uuid4().hex}"
+        choices: list[_Choice] = []
         try:
-            stream = await self.llm.add_request(ids, params, rid, priority=req.priority, cache_salt=req.cache_salt)
-        except EngineDeadError as e:
-            raise APIError(str(e), None, 503, "ServiceUnavailableError") from e
-        except (TypeError, ValueError) as e:
+            for p, (prompt, (params, _)) in enumerate(zip(prompts, planned)):
+                base = rid if len(prompts) == 1 else f"{rid}-{p}"
+                first = None
+                for i in range(req.n):
+                    child = params if i == 0 or params.seed is None else dataclasses.replace(params, seed=params.seed + i)
+                    cid = base if req.n == 1 else f"{i}_{base}"
+                    extra = {} if first is None else {"after": first}
+                    stream = await self.llm.add_request(prompt.ids, child, cid, priority=req.priority,
+                                                        cache_salt=req.cache_salt, **extra)
+                    first = first or cid
+                    choices.append(_Choice(len(choices), prompt, stream, first=i == 0))
+        except BaseException as e:
+            for c in choices:
+                c.stream.abort()
+            raise self._engine_error(e, req, max_param, prompt_param) from e
+        return rid, choices, prompts
+
+    @staticmethod
+    def _engine_error(e: BaseException, req, max_param: str, prompt_param: str) -> BaseException:
+        if isinstance(e, EngineDeadError):
+            return APIError(str(e), None, 503, "ServiceUnavailableError")
+        if isinstance(e, (TypeError, ValueError)):
             given = max_param if getattr(req, max_param, None) is not None else prompt_param
-            raise APIError(str(e), param_of(e, {"prompt_ids": prompt_param, "request": given})) from e
-        return stream, len(ids)
+            return APIError(str(e), param_of(e, {"prompt_ids": prompt_param, "request": given}))
+        return e
 
     # ----- responses out -----
-    def _usage(self, num_prompt: int, out: RequestOutput | None) -> dict:
-        done = out.num_output_tokens if out else 0
+    def _usage(self, prompts: list[_Prompt], choices: list[_Choice], echo_only: bool) -> dict:
+        """The prompts counted once each (not once per choice); the outputs of every choice."""
+        num_prompt = sum(len(p.ids) for p in prompts)
+        done = 0 if echo_only else sum(c.last.num_output_tokens for c in choices if c.last is not None)
+        cached = sum(c.last.num_cached_tokens for c in choices if c.first and c.last is not None)
         return {"prompt_tokens": num_prompt, "completion_tokens": done, "total_tokens": num_prompt + done,
-                "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens if out else 0}}
+                "prompt_tokens_details": {"cached_tokens": cached}}
 
-    def _logprobs(self, chat: bool, lps: list | None, offset: int) -> dict | None:
-        """OpenAI's logprobs object for these tokens (sampling.SampleLogprobs); completions' text_offset
-        counts from `offset`, the length of the text of the tokens before them."""
-        if lps is None:
+    def _token(self, token_id: int, as_ids: bool) -> str:
+        return f"token_id:{token_id}" if as_ids else self.tokenizer.decode([token_id])
+
+    def _logprobs(self, req, entries: list | None, offset: int) -> dict | None:
+        """OpenAI's logprobs object for these (token id, sampling.SampleLogprobs or None) pairs;
+        completions' text_offset counts from `offset`, the length of the text before them. A None
+        (the first token of an echoed prompt) has no logprob: null, as in OpenAI's echo."""
+        if entries is None:
             return None
+        chat, as_ids = isinstance(req, ChatCompletionRequest), bool(req.return_tokens_as_token_ids)
         with self.llm.tokenizer_lock:
             def text(t: int) -> str:
-                return self.tokenizer.decode([t])
+                return self._token(t, as_ids)
 
             if chat:
                 return {"content": [{
-                    "token": text(x.token_id), "logprob": x.logprob, "bytes": list(text(x.token_id).encode()),
-                    "top_logprobs": [{"token": text(t), "logprob": v, "bytes": list(text(t).encode())}
-                                     for t, v in zip(x.top_ids, x.top_logprobs)]} for x in lps]}
+                    "token": text(t), "logprob": x.logprob, "bytes": list(text(t).encode()),
+                    "top_logprobs": [{"token": text(i), "logprob": v, "bytes": list(text(i).encode())}
+                                     for i, v in zip(x.top_ids, x.top_logprobs)]} for t, x in entries]}
             tokens, offsets = [], []
-            for x in lps:
+            for t, _ in entries:
                 offsets.append(offset)
-                tokens.append(text(x.token_id))
-                offset += len(tokens[-1])
+                tokens.append(text(t))
+                offset += len(self.tokenizer.decode([t])) if as_ids else len(tokens[-1])
             # vLLM's: the top alternatives and the sampled token, which may be one of them
-            tops = [{**{text(t): v for t, v in zip(x.top_ids, x.top_logprobs)}, tok: x.logprob}
-                    for x, tok in zip(lps, tokens)]
-            return {"tokens": tokens, "token_logprobs": [x.logprob for x in lps], "top_logprobs": tops,
-                    "text_offset": offsets}
+            tops = [None if x is None else {**{text(i): v for i, v in zip(x.top_ids, x.top_logprobs)}, tok: x.logprob}
+                    for (_, x), tok in zip(entries, tokens)]
+            return {"tokens": tokens, "token_logprobs": [None if x is None else x.logprob for _, x in entries],
+                    "top_logprobs": tops, "text_offset": offsets}
 
-    def _choice(self, chat: bool, text: str, out: RequestOutput, delta: bool, first: bool = False,
-                logprobs: dict | None = None) -> dict:
-        reason = out.finish_reason if out.finished else None
+    def _vllm_prompt_logprobs(self, lps: list | None) -> list | None:
+        """vLLM's prompt_logprobs: per prompt token, None for the first, else {token id: {logprob,
+        rank, decoded_token}} for the token and the top k."""
+        if lps is None:
+            return None
+        with self.llm.tokenizer_lock:
+            def entry(x):
+                if x is None:
+                    return None
+                out = {str(t): {"logprob": v, "rank": r + 1, "decoded_token": self.tokenizer.decode([t])}
+                       for r, (t, v) in enumerate(zip(x.top_ids, x.top_logprobs))}
+                out[str(x.token_id)] = {"logprob": x.logprob, "rank": x.rank,
+                                        "decoded_token": self.tokenizer.decode([x.token_id])}
+                return out
+            return [entry(x) for x in lps]
+
+    def _text_length(self, ids: list[int]) -> int:
+        """Characters of these tokens' texts, each decoded alone (as logprobs show them)."""
+        with self.llm.tokenizer_lock:
+            return sum(len(self.tokenizer.decode([t])) for t in ids)
+
+    def _prompt_text(self, prompt: _Prompt) -> str:
+        if prompt.text is not None:
+            return prompt.text
+        with self.llm.tokenizer_lock:
+            return self.tokenizer.decode(prompt.ids)
+
+    def _echo(self, req, c: _Choice) -> tuple[str, list]:
+        """What echo puts before a choice's output: completions the prompt (text, and its logprob
+        entries when logprobs are asked for); chat the last message when its role is the reply's."""
+        if not req.echo:
+            return "", []
+        if isinstance(req, ChatCompletionRequest):
+            last = req.messages[-1]
+            return (_text(last.content, len(req.messages) - 1) if last.role == _reply_role(req) else ""), []
+        entries = []
+        if req.logprobs is not None:
+            lps = c.prompt_logprobs or [None] * len(c.prompt.ids)
+            entries = list(zip(c.prompt.ids, lps))
+        return self._prompt_text(c.prompt), entries
+
+    def _choice(self, req, c: _Choice, text: str, delta: bool, logprobs: dict | None, token_ids: list[int],
+                first: bool) -> dict:
+        chat = isinstance(req, ChatCompletionRequest)
+        out = c.last
+        reason = out.finish_reason if out is not None and out.finished else None
         if reason == "error":
             raise APIError("the engine failed while running this request (see the server's log)", None, 500,
                            "InternalServerError")
-        choice = {"index": 0, "logprobs": logprobs, "finish_reason": reason, "stop_reason": out.stop_reason}
+        choice = {"index": c.index, "logprobs": logprobs, "finish_reason": reason,
+                  "stop_reason": out.stop_reason if reason else None}
         if not chat:
             choice["text"] = text
         elif delta:
-            choice["delta"] = ({"role": "assistant", "content": text} if first else
+            choice["delta"] = ({"role": _reply_role(req), "content": text} if first else
                                ({"content": text} if text or not reason else {}))
         else:
-            choice["message"] = {"role": "assistant", "content": text}
+            choice["message"] = {"role": _reply_role(req), "content": text}
+        if req.return_token_ids:
+            if not chat and first:
+                choice["prompt_token_ids"] = c.prompt.ids
+            choice["token_ids"] = token_ids
+        if not chat and req.prompt_logprobs is not None and first:
+            choice["prompt_logprobs"] = self._vllm_prompt_logprobs(c.prompt_logprobs)
         return choice
 
     async def respond(self, req, kind: str):
         chat = isinstance(req, ChatCompletionRequest)
-        stream, num_prompt = await self._start(req, kind)
-        head = {"id": stream.request_id, "created": int(time.time()), "model": self.model_name}
+        rid, choices, prompts = await self._start(req, kind)
+        head = {"id": rid, "created": int(time.time()), "model": self.model_name}
+        echo_only = not chat and req.echo and req.max_tokens == 0
         if req.stream:
-            usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(self._sse(stream, head, chat, num_prompt, usage), media_type="text/event-stream")
-        text, last, lps = [], None, None
-        async with stream:
-            async for out in stream:
-                text.append(out.new_text)
-                last = out
-                if out.logprobs is not None:
-                    lps = (lps or []) + out.logprobs
-        body = {**head, "object": "chat.completion" if chat else "text_completion",
-                "choices": [self._choice(chat, "".join(text), last, delta=False,
-                                         logprobs=self._logprobs(chat, lps, 0))],
-                "usage": self._usage(num_prompt, last)}
+            return StreamingResponse(self._sse(req, choices, prompts, head, echo_only), media_type="text/event-stream")
+        try:
+            await asyncio.gather(*(c.drain() for c in choices))
+        except (EngineDeadError, TypeError, ValueError) as e:
+            raise self._engine_error(e, req, "max_tokens", "prompt") from e
+        finally:
+            for c in choices:
+                c.stream.abort()
+        body = {**head, "object": "chat.completion" if chat else "text_completion", "choices": []}
+        for c in choices:
+            lps = [(x.token_id, x) for x in c.logprobs or []] if _num_logprobs(req) is not None else None
+            text, ids = "".join(c.text), c.token_ids
+            if echo_only:
+                text, ids, lps = "", [], ([] if lps is not None else None)
+            prefix, entries = self._echo(req, c)
+            if lps is None and entries:
+                lps = []
+            body["choices"].append(self._choice(req, c, prefix + text, delta=False, first=True, token_ids=ids,
+                                                logprobs=self._logprobs(req, None if lps is None else entries + lps, 0)))
+        if chat and req.return_token_ids:
+            body["prompt_token_ids"] = prompts[0].ids
+        if chat and req.prompt_logprobs is not None:
+            body["prompt_logprobs"] = self._vllm_prompt_logprobs(choices[0].prompt_logprobs)
+        body["usage"] = self._usage(prompts, choices, echo_only)
         return JSONResponse(body)
 
-    async def _sse(self, stream: RequestStream, head: dict, chat: bool, num_prompt: int, usage: bool):
+    async def _sse(self, req, choices: list[_Choice], prompts: list[_Prompt], head: dict, echo_only: bool):
+        """The choices' outputs as server-sent events, each chunk one choice's (with its index), in
+        the order the engine gives them."""
+        chat = isinstance(req, ChatCompletionRequest)
+        usage = bool(req.stream_options and req.stream_options.include_usage)
         obj = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
-        last, first, pending, offset = None, chat, None, 0
+        queue: asyncio.Queue = asyncio.Queue()
+        pumps = [asyncio.ensure_future(c.pump(queue)) for c in choices]
+        left = len(choices)
         try:
-            async with stream:
-                async for out in stream:
-                    last = out
+            while left:
+                c, out = await queue.get()
+                if out is None:
+                    left -= 1
+                    continue
+                if isinstance(out, BaseException):
+                    raise self._engine_error(out, req, "max_tokens", "prompt")
+                c.take(out)
+                if not echo_only:
+                    c.pending_ids += out.new_token_ids
                     if out.logprobs is not None:  # sent with the next chunk that goes out
-                        pending = (pending or []) + out.logprobs
-                    if not (out.new_text or out.finished or first):
-                        continue  # text held back (half a character, a possible stop string)
-                    lps = self._logprobs(chat, pending, offset)
-                    if lps is not None and not chat:
-                        offset += sum(map(len, lps["tokens"]))
-                    pending = None if pending is None else []
-                    choice = self._choice(chat, out.new_text, out, delta=True, first=first, logprobs=lps)
-                    first = False
-                    yield _event({**obj, "choices": [choice]})
+                        c.pending = (c.pending or []) + [(x.token_id, x) for x in out.logprobs]
+                text = "" if echo_only else out.new_text
+                if not (text or out.finished or (c.sent == 0 and (chat or req.echo))):
+                    continue  # text held back (half a character, a possible stop string)
+                first = c.sent == 0
+                if first:
+                    prefix, entries = self._echo(req, c)
+                    text = prefix + text
+                    if entries:
+                        c.pending = entries + (c.pending or [])
+                lps = self._logprobs(req, c.pending, c.offset)
+                if lps is not None and not chat:
+                    c.offset += self._text_length([t for t, _ in c.pending])
+                c.pending = None if c.pending is None else []
+                choice = self._choice(req, c, text, delta=True, first=first, logprobs=lps, token_ids=c.pending_ids)
+                c.pending_ids = []
+                c.sent += 1
+                event = {**obj, "choices": [choice]}
+                if chat and first and req.return_token_ids:
+                    event["prompt_token_ids"] = c.prompt.ids
+                yield _event(event)
             if usage:
-                yield _event({**obj, "choices": [], "usage": self._usage(num_prompt, last)})
+                yield _event({**obj, "choices": [], "usage": self._usage(prompts, choices, echo_only)})
         except APIError as e:
             yield _event(e.body())
+        finally:
+            for task in pumps:
+                task.cancel()
+            for c in choices:
+                c.stream.abort()
         yield "data: [DONE]\n\n"
+
+
+def _reply_role(req) -> str:
+    """The role of a chat reply: the assistant's, or with add_generation_prompt=false the last
+    message's, which it continues (vLLM's get_chat_request_role)."""
+    return "assistant" if req.add_generation_prompt else req.messages[-1].role
 
 
 def _or(value, default):
