@@ -109,6 +109,8 @@ class LLMEngine:
         self._added: list[str] = []  # events since the last record
         self._aborted: list[str] = []
         self._t0 = time.perf_counter()
+        self._grammars = None  # structured.GrammarCompiler, made for the first structured-output request
+        self._compiled: dict = {}  # (kind, text) -> compiled grammar
 
     @classmethod
     def from_pretrained(cls, path=None, dtype=None, **kwargs) -> "LLMEngine":
@@ -153,6 +155,12 @@ class LLMEngine:
         if params.bad_words and self.tokenizer is None:
             raise ValueError(f"bad_words={list(params.bad_words)!r} needs a tokenizer (they are text), and this "
                              f"engine has none: LLMEngine(model, tokenizer) or LLMEngine.from_pretrained()")
+        grammar = None
+        if params.structured_outputs is not None:
+            if self.tokenizer is None:
+                raise ValueError("structured_outputs needs a tokenizer (a grammar is over the tokens' text), and this "
+                                 "engine has none: LLMEngine(model, tokenizer) or LLMEngine.from_pretrained()")
+            grammar = self._grammar(params.structured_outputs)
         if params.stop and self.tokenizer is None:
             raise ValueError(f"stop={list(params.stop)!r} needs a tokenizer (stop strings are text), and this "
                              f"engine has none: LLMEngine(model, tokenizer) or LLMEngine.from_pretrained()")
@@ -178,6 +186,7 @@ class LLMEngine:
                                                      params.skip_special_tokens)
         if params.bad_words:
             req.bad_words_token_ids = self._bad_words_token_ids(params.bad_words)
+        req.grammar = grammar
         self.scheduler.add_request(req)  # may refuse a request that can never fit
         self.requests[rid] = req
         self._num_added += 1
@@ -185,6 +194,20 @@ class LLMEngine:
             self._next_id = int(rid) + 1
         self._added.append(rid)
         return rid
+
+    def _grammar(self, params):
+        """A matcher of this structured-output request's grammar (compiled once per engine and spec)."""
+        from .structured import GrammarCompiler
+
+        if self._grammars is None:
+            with self.tokenizer_lock:
+                self._grammars = GrammarCompiler(self.tokenizer, self.model.config.vocab_size, self.eos_token_ids)
+        compiled = self._compiled.get(params.key)
+        if compiled is None:
+            compiled = self._compiled[params.key] = self._grammars.compile(params)
+            if len(self._compiled) > 256:  # bounded: a long-lived server sees many schemas
+                self._compiled.pop(next(iter(self._compiled)))
+        return self._grammars.matcher(compiled)
 
     def _bad_words_token_ids(self, words) -> list[list[int]]:
         """Each bad word's tokens as it would start the text and as it would follow a space (BPE
@@ -316,8 +339,12 @@ class LLMEngine:
             if req.detokenizer is not None:  # stop strings: the text decides, before the token checks
                 with self.tokenizer_lock:
                     hit = req.detokenizer.update([token])
+            if req.grammar is not None:
+                req.grammar.accept(token)
             if hit is not None:
                 req.stop_reason = hit
+                self.scheduler.finish(req, "stop")
+            elif req.grammar is not None and req.grammar.is_terminated:  # the grammar is complete
                 self.scheduler.finish(req, "stop")
             elif token in self.eos_token_ids and not sp.ignore_eos:
                 self.scheduler.finish(req, "stop")

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import checks
+from . import checks, structured
 from .detokenizer import check_stop
+from .structured import StructuredOutputsParams
 
 
 # Temperatures below this are greedy: dividing logits by less overflows float32 to inf, and the
@@ -66,6 +67,9 @@ class SamplingParams:
     # None = none; k = the logprob of every prompt token (the first has none) and the top k's. The
     # prompt then needs logits for every row, and it does not read the prefix cache (vLLM's rule).
     prompt_logprobs: int | None = None
+    # The output must follow this grammar (JSON schema, JSON object, regex, choice or EBNF:
+    # structured.py); compiled for the engine's tokenizer at add_request. Left out of the hash.
+    structured_outputs: StructuredOutputsParams | None = field(default=None, hash=False)
 
     def __post_init__(self):
         # Normalized values (NumPy scalars become Python ones) are written back: frozen dataclass.
@@ -109,6 +113,8 @@ class SamplingParams:
         put("bad_words", _bad_words(self.bad_words))
         if self.prompt_logprobs is not None:
             put("prompt_logprobs", checks.integer("prompt_logprobs", self.prompt_logprobs, minimum=0))
+        if self.structured_outputs is not None:
+            put("structured_outputs", structured.parse(self.structured_outputs, "structured_outputs"))
 
     @property
     def greedy(self) -> bool:
@@ -179,6 +185,7 @@ class Request:
     prompt_logprobs: list = field(default_factory=list)
     # bad_words as token id sequences (the engine tokenizes them at add_request)
     bad_words_token_ids: list[list[int]] = field(default_factory=list)
+    grammar: object | None = field(default=None, repr=False)  # structured.Matcher, with structured_outputs
     # The output's text, made by the engine as tokens come, for requests with stop strings
     # (an IncrementalDetokenizer; None otherwise). `output_text` reads it.
     detokenizer: object | None = field(default=None, repr=False)

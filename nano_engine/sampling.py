@@ -2,6 +2,8 @@
 
 The steps, in the order of vLLM's `Sampler.forward` (`vllm/v1/sample/sampler.py`):
 
+0. structured output (structured.py): a row with a grammar has every token it forbids at -inf (vLLM
+   applies this bitmask in the model runner, before the sampler: its logprobs see the mask too);
 1. logprobs, if asked for, from the RAW logits (vLLM's default logprobs_mode "raw_logprobs"): what
    the model said, before any bias, penalty or temperature;
 2. allowed_token_ids (every other token to -inf) and bad_words (the last token of a bad word to -inf
@@ -30,6 +32,7 @@ from typing import Sequence
 import torch
 
 from .request import SAMPLING_EPS, SamplingParams
+from .structured import apply_grammar
 
 NEG_INF = float("-inf")
 
@@ -224,6 +227,7 @@ class SamplingMetadata:
     output_ids: Sequence[Sequence[int]] | None = None
     eos_token_ids: Sequence[int] = ()  # masked with the stop_token_ids while min_tokens are not out
     bad_words_token_ids: Sequence[Sequence[Sequence[int]]] | None = None  # per row: its bad words' token ids
+    grammars: Sequence | None = None  # per row: a structured.Matcher, or None (no structured output)
 
     @classmethod
     def from_requests(cls, requests: Sequence, eos_token_ids=()) -> "SamplingMetadata":
@@ -231,13 +235,16 @@ class SamplingMetadata:
         and optionally bad_words_token_ids)."""
         return cls([r.sampling_params for r in requests], [r.generator for r in requests],
                    [r.prompt_ids for r in requests], [r.output_ids for r in requests], sorted(eos_token_ids),
-                   [getattr(r, "bad_words_token_ids", ()) for r in requests])
+                   [getattr(r, "bad_words_token_ids", ()) for r in requests],
+                   [getattr(r, "grammar", None) for r in requests])
 
 
 def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
     """One token per row of logits (rows, V), each row by its own parameters, generator and history."""
     params, generators, eos_token_ids = metadata.params, metadata.generators, metadata.eos_token_ids
     rows = len(params)
+    if metadata.grammars is not None:  # structured output: what the grammar forbids is gone before anything else
+        logits = apply_grammar(logits, metadata.grammars)
     if all(p.greedy and not needs_history(p) for p in params):
         return SamplerOutput(logits.argmax(-1).tolist(), [None] * rows)  # one call for the common case
     prompt_ids = metadata.prompt_ids if metadata.prompt_ids is not None else [()] * rows

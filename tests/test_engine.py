@@ -270,3 +270,16 @@ def test_prompt_logprobs_equal_one_forward_pass_in_any_chunks_and_after_preempti
         for p, x in enumerate(req.prompt_logprobs[1:]):
             assert x.token_id == ids[p + 1] and x.logprob == want[p, ids[p + 1]].item()
             assert x.top_ids == want[p].topk(3).indices.tolist() and x.rank == int((want[p] > want[p, ids[p + 1]]).sum()) + 1
+
+
+def test_structured_output_is_refused_by_name_without_a_tokenizer_or_with_two_grammars(tiny):
+    from nano_engine.structured import StructuredOutputsParams
+
+    with pytest.raises(ValueError, match="structured_outputs needs exactly one"):
+        SamplingParams(structured_outputs={"json": {"type": "object"}, "regex": "a"})
+    with pytest.raises(ValueError, match="structured_outputs choice"):
+        StructuredOutputsParams(choice=("yes", ""))
+    engine = LLMEngine(tiny)
+    with pytest.raises(ValueError, match="structured_outputs needs a tokenizer"):
+        engine.add_request([1, 2, 3], SamplingParams(structured_outputs={"regex": "[0-9]+"}))
+    assert not engine.requests and engine.block_pool.num_free == engine.block_pool.num_blocks

@@ -397,6 +397,92 @@ def test_a_chat_template_from_the_request_and_chat_echo(server):
     assert r.choices[0].message.content.startswith("The color is") and r.choices[0].message.role == "assistant"
 
 
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                          "pets": {"type": "array", "items": {"enum": ["cat", "dog", "fish"]},
+                                                   "maxItems": 3}},
+          "required": ["name", "age", "pets"], "additionalProperties": False}
+
+
+def is_person(obj) -> bool:
+    return (isinstance(obj, dict) and set(obj) == {"name", "age", "pets"} and isinstance(obj["name"], str)
+            and type(obj["age"]) is int and len(obj["pets"]) <= 3 and all(p in ("cat", "dog", "fish") for p in obj["pets"]))
+
+
+def test_structured_output_follows_the_schema_and_leaves_the_batch_alone(server):
+    """response_format json_schema: greedy output is JSON of that schema; the same request alone and among
+    plain and other structured requests gives the same tokens, and the plain ones equal generate."""
+    ask = [{"role": "user", "content": "Describe a person who has pets, as JSON."}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+
+    def structured():
+        return server.client.chat.completions.create(model="smol", messages=ask, max_tokens=80, temperature=0,
+                                                     response_format=fmt)
+
+    alone = structured()
+    assert alone.choices[0].finish_reason == "stop" and is_person(json.loads(alone.choices[0].message.content))
+    free = server.client.chat.completions.create(model="smol", messages=ask, max_tokens=80, temperature=0)
+    assert not is_person(_json_or_none(free.choices[0].message.content))  # the schema made the difference
+
+    async def crowd():
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=300)
+        plain = [client.completions.create(model="smol", prompt=q, max_tokens=10, temperature=0) for q in CHAT[:4]]
+        shaped = [client.chat.completions.create(model="smol", messages=ask, max_tokens=80, temperature=0,
+                                                 response_format=fmt) for _ in range(2)]
+        choice = client.completions.create(model="smol", prompt="Pick a color:", max_tokens=5, temperature=0,
+                                           extra_body={"guided_choice": ["red", "green", "blue"]})
+        return await asyncio.gather(*plain, *shaped, choice)
+
+    *plain, one, two, color = asyncio.run(crowd())
+    assert one.choices[0].message.content == two.choices[0].message.content == alone.choices[0].message.content
+    for r, q in zip(plain, CHAT[:4]):
+        assert r.choices[0].text == server.tok.decode(reference(server, server.tok(q)["input_ids"], 10),
+                                                      skip_special_tokens=True)
+    assert color.choices[0].text in ("red", "green", "blue")
+    obj = server.client.completions.create(model="smol", prompt="A JSON object describing a cat:", max_tokens=60,
+                                           temperature=0, extra_body={"response_format": {"type": "json_object"}})
+    assert obj.choices[0].finish_reason != "stop" or isinstance(json.loads(obj.choices[0].text), dict)
+    code = server.client.completions.create(model="smol", prompt="My phone number is", max_tokens=12, temperature=0,
+                                            extra_body={"structured_outputs": {"regex": "[0-9]{3}-[0-9]{4}"}})
+    assert re.fullmatch("[0-9]{3}-[0-9]{4}", code.choices[0].text)
+    with pytest.raises(openai.BadRequestError) as e:  # a schema xgrammar cannot compile
+        server.client.chat.completions.create(model="smol", messages=ask, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}})
+    assert e.value.param == "response_format" and "objekt" in e.value.message
+    assert wait_idle(server)["vllm:kv_cache_usage_perc"] == 0
+
+
+def _json_or_none(text):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def test_a_named_or_required_tool_is_called_with_arguments_of_its_schema(server):
+    """tool_choice naming a function: its arguments follow its parameters' schema (streamed as pieces of
+    the arguments); "required": a list of calls, each of a given tool."""
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    r = server.client.chat.completions.create(model="smol", messages=ask, max_tokens=40, temperature=0,
+                                              tools=[TOOL], tool_choice=named)
+    call = r.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments)["city"], str)
+    pieces = [c.choices[0].delta.tool_calls for c in server.client.chat.completions.create(
+        model="smol", messages=ask, max_tokens=40, temperature=0, tools=[TOOL], tool_choice=named, stream=True)]
+    assert pieces[0][0].function.name == "get_weather" and pieces[0][0].id
+    assert "".join(p[0].function.arguments for p in pieces if p) == call.function.arguments
+    add = {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+    r = server.client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Add 2 and 3."}],
+                                              max_tokens=200, temperature=0, tools=[TOOL, add], tool_choice="required")
+    calls = r.choices[0].message.tool_calls
+    if r.choices[0].finish_reason == "tool_calls":
+        assert calls and all(c.function.name in ("get_weather", "add") for c in calls)
+        assert all(isinstance(json.loads(c.function.arguments), dict) for c in calls)
+    else:  # cut by max_tokens: the text, no half call
+        assert r.choices[0].finish_reason == "length" and not calls and r.choices[0].message.content.startswith("[")
+
+
 def test_a_stream_closed_after_two_chunks_frees_everything(server):
     stream = server.client.completions.create(model="smol", prompt="Tell me a very long story.", max_tokens=1500,
                                               temperature=0, stream=True, extra_body={"ignore_eos": True})
@@ -604,7 +690,7 @@ class CharTokenizer:
     def decode(self, ids, skip_special_tokens=False):
         return "".join(map(chr, ids))
 
-    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize, tools=None):
         assert add_generation_prompt is True and tokenize is True
         self.templated.append(messages)
         if any(m["content"] == "break the template" for m in messages):
@@ -728,6 +814,9 @@ def test_errors_are_in_openais_shape():
     assert len(llm.added) == 2
 
 
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                        "required": ["city"]}}}
 REFUSED = [  # (body, the param named, what the message names)
     ({"prompt": "abc", "use_beam_search": True}, "use_beam_search", "use_beam_search"),
     ({"prompt": "abc", "suffix": "s"}, "suffix", "suffix"), ({"prompt": "abc", "n": 129}, "n", "128"),
@@ -735,18 +824,29 @@ REFUSED = [  # (body, the param named, what the message names)
     ({"prompt": "abc", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens", "0"),
     ({"prompt": "abc", "allowed_token_ids": []}, "allowed_token_ids", "empty"),
     ({"prompt": "abc", "bad_words": [" "]}, "bad_words", "blank"),
-    ({"messages": HI, "guided_json": {"type": "object"}}, "guided_json", "guided_json"),
-    ({"messages": HI, "tool_choice": "required"}, "tool_choice", "required"),
+    ({"messages": HI, "structural_tag": "{}"}, "structural_tag", "structural_tag"),
     ({"prompt": "abc", "best_of": 2}, "best_of", "best_of"), ({"prompt": "abc", "stop": ["a", ""]}, "stop", "stop"),
     ({"prompt": "abc", "stream_options": {"include_usage": True}}, "stream_options", "stream"),  # without stream
     ({"prompt": "abc", "top_logprobs": 2}, "top_logprobs", "logprobs"),  # completions take logprobs=<int>
     ({"prompt": "abc", "logprobs": 21}, "logprobs", "21"), ({"prompt": "abc", "priority": 1}, "priority", "fcfs"),
     ({"prompt": ["a"] * 9, "n": 128}, "prompt", "9 prompts"), ({"prompt": "abc", "logit_bias": {"x": 1}}, "logit_bias", "'x'"),
     ({"prompt": "x" * 65}, "prompt", "65"),  # no room left for a single output token (the KV cache holds 64)
-    ({"messages": HI, "response_format": {"type": "json_object"}}, "response_format", "json_object"),
+    ({"messages": HI, "response_format": {"type": "xml"}}, "response_format", "xml"),
+    ({"messages": HI, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format",
+     "schema"),
+    ({"prompt": "abc", "guided_choice": [], "max_tokens": 2}, "guided_choice", "choice"),
+    ({"prompt": "abc", "guided_regex": "a", "guided_choice": ["b"]}, "guided_choice", "guided_regex"),
+    ({"prompt": "abc", "structured_outputs": {"jsn": {}}}, "structured_outputs", "jsn"),
+    ({"prompt": "abc", "guided_decoding_backend": "outlines"}, "guided_decoding_backend", "xgrammar"),
+    ({"messages": HI, "tools": [TOOL]}, "tool_choice", "auto"),
+    ({"messages": HI, "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice", "nope"),
+    ({"messages": HI, "tools": [{"type": "function"}], "tool_choice": "required"}, "tools", "tools[0]"),
+    ({"messages": HI, "tools": [TOOL], "tool_choice": "required", "guided_regex": "a"}, "tool_choice", "guided_regex"),
     ({"messages": HI, "top_logprobs": 1}, "top_logprobs", "logprobs=true"),
     ({"messages": HI, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "21"),
-    ({"messages": HI, "tools": [{"a": 1}]}, "tools", "tools"), ({"messages": []}, "messages", "messages"),
+    ({"messages": HI, "tools": [{"a": 1}], "tool_choice": "required"}, "tools", "tools"),
+    ({"messages": []}, "messages", "messages"),
     ({"messages": [{"content": "no role"}]}, "messages", "role"),
     ({"messages": HI + [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages", "messages[1]"),
     ({"messages": [{"role": "user", "content": [{"text": "no type"}]}]}, "messages", "messages[0]"),

@@ -67,6 +67,15 @@ class _Common(BaseModel):
     prompt_logprobs: int | None = None  # vLLM's: each prompt token's logprob and the top k's
     return_token_ids: bool | None = None  # vLLM's: token ids beside the text (prompt_token_ids, token_ids)
     return_tokens_as_token_ids: bool | None = None  # vLLM's: logprobs name tokens "token_id:<id>"
+    # Structured output (one of these): OpenAI's response_format (json_object, json_schema), vLLM's
+    # structured_outputs ({json | json_object | regex | choice | grammar}) and its older guided_* fields.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None  # vLLM's: the backend; only xgrammar is here
 
 
 class CompletionRequest(_Common):
@@ -93,7 +102,9 @@ class ChatCompletionRequest(_ChatTemplate, _Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool = False  # the sampled tokens' logprobs; top_logprobs alternatives with each
-    response_format: dict[str, Any] | None = None
+    # OpenAI's function tools: called through the grammar when tool_choice names one or is "required"
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
     echo: bool = False  # vLLM's: the reply starts with the last message when it has the reply's role
     chat_template: str | None = None  # vLLM's: a Jinja template instead of the tokenizer's
     add_special_tokens: bool = False  # vLLM's: the tokenizer's special tokens on top of the template's
@@ -104,10 +115,8 @@ class ChatCompletionRequest(_ChatTemplate, _Common):
 UNSUPPORTED = {
     "best_of": (None, 1), "suffix": (None, ""), "use_beam_search": (None, False), "length_penalty": (None, 1.0),
     "spaces_between_special_tokens": (None, True), "logits_processors": (None, []), "prompt_embeds": (None,),
-    "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
-    "structural_tag": (None,), "structured_outputs": (None,), "guided_decoding_backend": (None,),
-    "guided_whitespace_pattern": (None,), "tools": (None, []), "tool_choice": (None, "none"),
-    "functions": (None, []), "function_call": (None, "none"), "documents": (None,), "mm_processor_kwargs": (None,),
+    "structural_tag": (None,), "guided_whitespace_pattern": (None,), "functions": (None, []),
+    "function_call": (None, "none"), "documents": (None,), "mm_processor_kwargs": (None,),
     "kv_transfer_params": (None,), "vllm_xargs": (None,), "reasoning_effort": (None,), "include_reasoning": (None, True),
     "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,), "web_search_options": (None,),
 }
@@ -175,9 +184,9 @@ def check_supported(req: _Common) -> None:
         raise APIError(f"top_logprobs={k} needs logprobs=true", "top_logprobs")
     if not chat and req.top_logprobs is not None:
         raise APIError("top_logprobs is a chat parameter: completions take logprobs=<int>", "top_logprobs")
-    fmt = getattr(req, "response_format", None)
-    if fmt not in (None, {"type": "text"}):
-        raise APIError(f"response_format={fmt!r} is not supported (only {{'type': 'text'}})", "response_format")
+    if req.guided_decoding_backend not in (None, "auto", "xgrammar"):
+        raise APIError(f"guided_decoding_backend={req.guided_decoding_backend!r} is not supported: this server "
+                       f"uses xgrammar", "guided_decoding_backend")
 
 
 _FIELD = re.compile(r"^([a-z_]+)")
