@@ -262,6 +262,9 @@ class LLMEngine:
         out, finished, num_sampled = None, [], 0
         try:
             out = self.scheduler.schedule()
+            for c in out.chunks:
+                if c.request.first_scheduled_time is None:
+                    c.request.first_scheduled_time = t
             if out.chunks:
                 chunks = self._chunks(out)
                 logits = self.runner.forward(build_batch(chunks, self.config.cache_config.block_size))

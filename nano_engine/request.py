@@ -175,6 +175,7 @@ class Request:
     num_cached_tokens: int = -1  # prefix-cache hit at first admission; -1 until admitted
     recompute_until: int = 0  # tokens that had KV before the last preemption
     token_times: list[float] = field(default_factory=list)
+    first_scheduled_time: float | None = None  # time.perf_counter() at the start of its first step
     generator: torch.Generator | None = None
     seq: int = 0  # arrival order; ties in arrival_time are broken by it
     block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of full blocks

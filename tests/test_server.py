@@ -483,6 +483,20 @@ def test_a_named_or_required_tool_is_called_with_arguments_of_its_schema(server)
         assert r.choices[0].finish_reason == "length" and not calls and r.choices[0].message.content.startswith("[")
 
 
+def test_metrics_break_each_request_down_as_vllms_dashboards_read_them(server):
+    prompt = server.tok("Count from one to ten:")["input_ids"]
+    r = server.client.completions.create(model="smol", prompt=prompt, max_tokens=6, temperature=0, n=2,
+                                         extra_body={"ignore_eos": True})
+    m = wait_idle(server)
+    assert m["vllm:request_prompt_tokens_count"] == 2 and m["vllm:request_prompt_tokens_sum"] == 2 * len(prompt)
+    assert m["vllm:request_generation_tokens_sum"] == r.usage.completion_tokens == 12
+    for name in ("queue_time", "prefill_time", "decode_time", "inference_time", "time_per_output_token"):
+        assert m[f"vllm:request_{name}_seconds_count"] == 2, name
+    assert m["vllm:request_inference_time_seconds_sum"] >= m["vllm:request_decode_time_seconds_sum"] > 0
+    # every computed token was in some step: the prompt, the second choice's uncached tail, 5 + 5 decodes
+    assert m["vllm:iteration_tokens_total_sum"] >= len(prompt) + 10 and m["vllm:iteration_tokens_total_count"] >= 6
+
+
 def test_a_stream_closed_after_two_chunks_frees_everything(server):
     stream = server.client.completions.create(model="smol", prompt="Tell me a very long story.", max_tokens=1500,
                                               temperature=0, stream=True, extra_body={"ignore_eos": True})
@@ -739,6 +753,9 @@ class ScriptedLLM:
 
     def subscribe(self, on_output):
         self.listeners.append(on_output)
+
+    def subscribe_steps(self, on_step):
+        pass
 
     async def add_request(self, prompt_ids, params, request_id, priority=0, cache_salt=None, after=None):
         self.added.append(SimpleNamespace(ids=prompt_ids, params=params, rid=request_id, priority=priority,

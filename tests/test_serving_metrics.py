@@ -58,7 +58,11 @@ def test_the_names_types_and_content_type_are_vllms():
         "vllm:generation_tokens": "counter", "vllm:request_success": "counter",
         "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
         "vllm:kv_cache_usage_perc": "gauge", "vllm:num_preemptions": "counter",
-        "vllm:prefix_cache_queries": "counter", "vllm:prefix_cache_hits": "counter"}
+        "vllm:prefix_cache_queries": "counter", "vllm:prefix_cache_hits": "counter",
+        "vllm:request_queue_time_seconds": "histogram", "vllm:request_prefill_time_seconds": "histogram",
+        "vllm:request_decode_time_seconds": "histogram", "vllm:request_inference_time_seconds": "histogram",
+        "vllm:request_time_per_output_token_seconds": "histogram", "vllm:request_prompt_tokens": "histogram",
+        "vllm:request_generation_tokens": "histogram", "vllm:iteration_tokens_total": "histogram"}
     assert samples(f["vllm:time_to_first_token_seconds"], "_bucket") == {}  # no sample for a label set never observed
 
 
@@ -107,8 +111,9 @@ def fake_llm(**scheduler):
     sched = SimpleNamespace(running=[1, 2], waiting=[3, 4, 5], **scheduler)
     engine = SimpleNamespace(scheduler=sched, block_pool=SimpleNamespace(num_free=3, num_blocks=12),
                              stats=SimpleNamespace(preemptions=6))
-    listeners = []
-    return SimpleNamespace(engine=engine, listeners=listeners, subscribe=listeners.append)
+    listeners, steps = [], []
+    return SimpleNamespace(engine=engine, listeners=listeners, subscribe=listeners.append, steps=steps,
+                           subscribe_steps=steps.append)
 
 
 @pytest.mark.parametrize("prefix, queries, hits", [({"prefix_cache_queries": 40, "prefix_cache_hits": 16}, 40, 16),
@@ -144,3 +149,27 @@ def test_two_servers_keep_their_own_figures():
     a.observe(out("x", [1.5], arrival=1.0, finished=True, reason="stop"))
     assert samples(families(a)["vllm:request_success"], "_total", "a") == {(("finished_reason", "stop"),): 1}
     assert samples(families(b)["vllm:request_success"], "_total", "b") == {}
+
+
+def test_a_finished_request_is_broken_down_into_queue_prefill_and_decode():
+    """vLLM's FinishedRequestStats: arrival 10.0, first step 10.25, tokens at 10.5, 10.75, 11.5 (3 of them)."""
+    m, llm = ServingMetrics("m", max_model_len=100), fake_llm()
+    m.attach(llm)
+    scheduled = dict(first_scheduled_time=10.25)
+    m.observe(RequestOutput("a", [1], "", [10.5], 4, 0, 1, 10.0, **scheduled))
+    m.observe(RequestOutput("a", [2, 3], "", [10.75, 11.5], 4, 0, 3, 10.0, True, "stop", **scheduled))
+    m.observe(RequestOutput("b", [], "", [], 7, 0, 0, 12.0, True, "abort"))  # aborted while waiting: never ran
+    f = families(m)
+    for name, count, total in (("queue_time", 1, 0.25), ("prefill_time", 1, 0.25), ("decode_time", 1, 1.0),
+                               ("inference_time", 1, 1.25), ("time_per_output_token", 1, 0.5)):
+        _, n, s = histogram(f[f"vllm:request_{name}_seconds"])
+        assert (n, s) == (count, pytest.approx(total)), name
+    buckets, n, s = histogram(f["vllm:request_prompt_tokens"])
+    assert sorted(buckets) == [1, 2, 5, 10, 20, 50, 100, float("inf")] and (n, s) == (2, 11)
+    assert histogram(f["vllm:request_generation_tokens"])[1:] == (2, 3)
+    for tokens in (64, 3, 200):  # each engine step's tokens, as AsyncLLM hands them to its step listeners
+        for listener in llm.steps:
+            listener(tokens)
+    buckets, n, s = histogram(families(m)["vllm:iteration_tokens_total"])
+    assert (n, s) == (3, 267) and buckets[64.0] == 2 and buckets[8.0] == 1
+    assert not m._first_token and not m._last_token

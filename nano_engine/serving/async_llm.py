@@ -58,6 +58,7 @@ class RequestOutput:
     logprobs: list | None = None
     # With prompt_logprobs: one per prompt token (None for the first), in the request's first output
     prompt_logprobs: list | None = None
+    first_scheduled_time: float | None = None  # time.perf_counter() when its first step began
 
 
 class EngineDeadError(RuntimeError):
@@ -156,6 +157,7 @@ class AsyncLLM:
         if not (isinstance(engine, LLMEngine) or callable(engine)):
             raise TypeError(f"engine must be an LLMEngine or a function that makes one, got {type(engine).__name__}")
         self._listeners: list[Callable[[RequestOutput], None]] = [on_output] if on_output else []
+        self._step_listeners: list[Callable[[int], None]] = []
         self.engine: LLMEngine | None = None  # set by the engine thread before anything else runs
         self._cond = threading.Condition()
         self._commands: deque[_Add | _Abort] = deque()
@@ -186,6 +188,20 @@ class AsyncLLM:
         if failure:
             self._thread.join()
             raise failure[0]
+
+    def subscribe_steps(self, on_step: Callable[[int], None]) -> None:
+        """Call `on_step(num_tokens)` in the engine thread after each step that computed tokens."""
+        with self._cond:
+            self._step_listeners = [*self._step_listeners, on_step]
+
+    def _stepped(self, num_tokens: int) -> None:
+        if num_tokens <= 0:
+            return
+        for listener in self._step_listeners:
+            try:
+                listener(num_tokens)
+            except Exception:
+                logger.exception("on_step failed")
 
     def subscribe(self, on_output: Callable[[RequestOutput], None]) -> None:
         """Call `on_output(output)` in the engine thread for every output from now on."""
@@ -275,10 +291,12 @@ class AsyncLLM:
                     self._apply(command)
                 self._add_deferred()
                 if self.engine.has_unfinished():
+                    tokens = self.engine.stats.tokens
                     try:
                         self.engine.step()
                     except Exception:  # the engine finished that step's requests with "error"
                         logger.exception("engine step %d failed", self.engine.stats.steps - 1)
+                    self._stepped(self.engine.stats.tokens - tokens)
                 self._publish()
         except BaseException as e:  # a bug here: callers must not wait forever
             self.dead = e
@@ -353,7 +371,8 @@ class AsyncLLM:
                 stop_reason=req.stop_reason if req.is_finished else None,
                 logprobs=list(req.logprobs[stream.num_sent:]) if sp.logprobs is not None else None,
                 prompt_logprobs=(list(req.prompt_logprobs) if sp.prompt_logprobs is not None and not stream.sent_any
-                                 else None))
+                                 else None),
+                first_scheduled_time=req.first_scheduled_time)
             stream.sent_any = True
             stream.num_sent = len(req.output_ids)
             if req.is_finished:

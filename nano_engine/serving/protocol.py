@@ -105,6 +105,7 @@ class ChatCompletionRequest(_ChatTemplate, _Common):
     # OpenAI's function tools: called through the grammar when tool_choice names one or is "required"
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # a named function is one call; "required" may make several
     echo: bool = False  # vLLM's: the reply starts with the last message when it has the reply's role
     chat_template: str | None = None  # vLLM's: a Jinja template instead of the tokenizer's
     add_special_tokens: bool = False  # vLLM's: the tokenizer's special tokens on top of the template's

@@ -704,7 +704,7 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None) -> Fas
     if api_key is not None:
         app.add_middleware(RequireKey, key=api_key)
     serving = OpenAIServing(llm, model_name)
-    metrics = ServingMetrics(model_name)
+    metrics = ServingMetrics(model_name, serving.max_model_len)
     metrics.attach(llm)
     app.state.serving, app.state.metrics = serving, metrics
 
