@@ -9,6 +9,10 @@ A field that vLLM or OpenAI defines and this engine does not do (UNSUPPORTED: be
 guided decoding, tools, ...) is refused with a 400 naming it when it asks for anything but its
 default, never silently dropped. A field neither of them defines is ignored with a warning in the
 server's log, as vLLM does (clients send extras of their own).
+
+At the end, what a request asks of the grammar (structured.py): `structured_outputs` reads its one
+constraint (response_format, structured_outputs, guided_*, or a tool call), `tool_mode` which tool
+it calls, if any.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..structured import StructuredOutputsParams, parse as structured_parse
 
 logger = logging.getLogger(__name__)
 
@@ -209,3 +215,91 @@ def validation_error(errors: list[dict]) -> APIError:
     param = loc[0] if loc else None
     return APIError(f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid value')}", param)
 
+
+# ----- what a request asks of the grammar: structured output and tool calls -----
+
+def tool_mode(req) -> str | None:
+    """None (no tool is called), "required", or the name of the function the request calls."""
+    if not isinstance(req, ChatCompletionRequest) or not req.tools or req.tool_choice == "none":
+        return None
+    choice = req.tool_choice or "auto"  # OpenAI's default with tools
+    if choice == "required":
+        return "required"
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        if choice.get("type") != "function" or not isinstance(name, str):
+            raise APIError(f"tool_choice={choice!r} must be {{'type': 'function', 'function': {{'name': ...}}}}",
+                           "tool_choice")
+        if name not in tool_functions(req):
+            raise APIError(f"tool_choice names {name!r}, which is not in tools ({sorted(tool_functions(req))})",
+                           "tool_choice")
+        return name
+    raise APIError(f"tool_choice={choice!r} is not supported: this server calls tools through a grammar, so name "
+                   f"the function ({{'type': 'function', 'function': {{'name': ...}}}}) or send 'required' "
+                   f"(there is no parser for 'auto')", "tool_choice")
+
+
+def tool_functions(req) -> dict[str, dict]:
+    """The request's tools: function name -> its definition (name, description, parameters)."""
+    out = {}
+    for i, tool in enumerate(req.tools or ()):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if tool.get("type", "function") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise APIError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': "
+                           f"{{...}}}}}}", "tools")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise APIError(f"tools[{i}].function.parameters must be a JSON schema (an object)", "tools")
+        out[fn["name"]] = fn
+    return out
+
+
+def called_tools(req) -> list[dict] | None:
+    """The tools to show the chat template: those of a request that calls one."""
+    if not isinstance(req, ChatCompletionRequest) or tool_mode(req) is None:
+        return None
+    return [{"type": "function", "function": fn} for fn in tool_functions(req).values()]
+
+
+EMPTY_OBJECT = {"type": "object", "properties": {}}
+
+
+def structured_outputs(req) -> tuple[StructuredOutputsParams | None, str | None]:
+    """The grammar the request asks for and the field that asked (at most one may)."""
+    asked = []
+    fmt = req.response_format
+    if fmt is not None:
+        kind = fmt.get("type")
+        if kind == "json_object":
+            asked.append(("response_format", {"json_object": True}))
+        elif kind == "json_schema":
+            schema = (fmt.get("json_schema") or {}).get("schema")
+            if not isinstance(schema, dict):
+                raise APIError("response_format json_schema needs json_schema.schema, a JSON schema object",
+                               "response_format")
+            asked.append(("response_format", {"json": schema}))
+        elif kind != "text":
+            raise APIError(f"response_format type {kind!r} must be one of text, json_object, json_schema",
+                           "response_format")
+    for name, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                      ("guided_grammar", "grammar")):
+        if getattr(req, name) is not None:
+            asked.append((name, {key: getattr(req, name)}))
+    if req.structured_outputs is not None:
+        asked.append(("structured_outputs", req.structured_outputs))
+    mode = tool_mode(req)
+    if mode == "required":  # vLLM's: a list of at least one {name, parameters}, each a tool's
+        asked.append(("tool_choice", {"json": {"type": "array", "minItems": 1, "items": {"anyOf": [
+            {"type": "object", "properties": {"name": {"type": "string", "enum": [name]},
+                                              "parameters": fn.get("parameters") or EMPTY_OBJECT},
+             "required": ["name", "parameters"]} for name, fn in tool_functions(req).items()]}}}))
+    elif mode is not None:
+        asked.append(("tool_choice", {"json": tool_functions(req)[mode].get("parameters") or EMPTY_OBJECT}))
+    if len(asked) > 1:
+        raise APIError(f"{asked[0][0]} and {asked[1][0]} both constrain the output: send one", asked[1][0])
+    if not asked:
+        return None, None
+    param, spec = asked[0]
+    try:
+        return structured_parse(spec, param), param
+    except (TypeError, ValueError) as e:
+        raise APIError(str(e).replace("structured_outputs", param, 1), param) from e

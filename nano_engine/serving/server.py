@@ -28,9 +28,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .async_llm import AsyncLLM, EngineDeadError, RequestOutput, RequestStream
 from .protocol import (COMPLETION_MAX_TOKENS, MAX_CHOICES, APIError, ChatCompletionRequest, CompletionRequest,
-                       DetokenizeRequest, TokenizeRequest, check_supported, param_of, validation_error)
+                       DetokenizeRequest, TokenizeRequest, called_tools, check_supported, param_of, structured_outputs,
+                       tool_mode, validation_error)
 from ..request import SamplingParams
-from ..structured import StructuredOutputsParams, parse as structured_parse
 from .metrics import CONTENT_TYPE, ServingMetrics
 
 
@@ -158,7 +158,7 @@ class OpenAIServing:
         messages = [{"role": m.role, "content": _text(m.content, i),
                      **{k: v for k, v in (m.model_extra or {}).items() if k in MESSAGE_EXTRAS}}
                     for i, m in enumerate(req.messages)]
-        tools = _called_tools(req)
+        tools = called_tools(req)
         if tools:  # the template shows the model the functions it may call
             extra = {**extra, "tools": tools}
         if req.continue_final_message:  # passed only when set: simpler tokenizers (tiny.py's) lack it
@@ -253,7 +253,7 @@ class OpenAIServing:
                            f"{max_tokens} in the completion). Please reduce the length of the {prompt_param} "
                            f"or {max_param}.", max_param)
         top_k = req.top_k if req.top_k is not None else 0
-        structured, structured_param = _structured_outputs(req)
+        structured, structured_param = structured_outputs(req)
         prompt_logprobs = req.prompt_logprobs
         if prompt_logprobs is None and not chat and req.echo and req.logprobs is not None:
             prompt_logprobs = req.logprobs  # echo returns the prompt's logprobs with the output's
@@ -312,7 +312,7 @@ class OpenAIServing:
             return APIError(str(e), None, 503, "ServiceUnavailableError")
         if isinstance(e, (TypeError, ValueError)):
             given = max_param if getattr(req, max_param, None) is not None else prompt_param
-            structured = _structured_outputs(req)[1]
+            structured = structured_outputs(req)[1]
             return APIError(str(e), param_of(e, {"prompt_ids": prompt_param, "request": given,
                                                  "structured_outputs": structured}))
         return e
@@ -409,7 +409,7 @@ class OpenAIServing:
                   "stop_reason": out.stop_reason if reason else None}
         if not chat:
             choice["text"] = text
-        elif _tool_mode(req) is not None:
+        elif tool_mode(req) is not None:
             calls, reason = self._tool_calls(req, c, text, delta, first, reason)
             choice["finish_reason"] = reason
             if delta:
@@ -436,7 +436,7 @@ class OpenAIServing:
         """OpenAI's tool_calls for the text a tool grammar produced, and the finish reason to send.
         A named function: the text is its arguments (streamed piece by piece); "required": the text
         is a JSON list of {name, parameters}, one call each (sent whole, with the last chunk)."""
-        mode = _tool_mode(req)
+        mode = tool_mode(req)
         if mode == "required":
             if reason is None:
                 return [], None
@@ -539,93 +539,6 @@ class OpenAIServing:
             for c in choices:
                 c.stream.abort()
         yield "data: [DONE]\n\n"
-
-
-def _tool_mode(req) -> str | None:
-    """None (no tool is called), "required", or the name of the function the request calls."""
-    if not isinstance(req, ChatCompletionRequest) or not req.tools or req.tool_choice == "none":
-        return None
-    choice = req.tool_choice or "auto"  # OpenAI's default with tools
-    if choice == "required":
-        return "required"
-    if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name")
-        if choice.get("type") != "function" or not isinstance(name, str):
-            raise APIError(f"tool_choice={choice!r} must be {{'type': 'function', 'function': {{'name': ...}}}}",
-                           "tool_choice")
-        if name not in _tool_functions(req):
-            raise APIError(f"tool_choice names {name!r}, which is not in tools ({sorted(_tool_functions(req))})",
-                           "tool_choice")
-        return name
-    raise APIError(f"tool_choice={choice!r} is not supported: this server calls tools through a grammar, so name "
-                   f"the function ({{'type': 'function', 'function': {{'name': ...}}}}) or send 'required' "
-                   f"(there is no parser for 'auto')", "tool_choice")
-
-
-def _tool_functions(req) -> dict[str, dict]:
-    """The request's tools: function name -> its definition (name, description, parameters)."""
-    out = {}
-    for i, tool in enumerate(req.tools or ()):
-        fn = tool.get("function") if isinstance(tool, dict) else None
-        if tool.get("type", "function") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise APIError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': "
-                           f"{{...}}}}}}", "tools")
-        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
-            raise APIError(f"tools[{i}].function.parameters must be a JSON schema (an object)", "tools")
-        out[fn["name"]] = fn
-    return out
-
-
-def _called_tools(req) -> list[dict] | None:
-    """The tools to show the chat template: those of a request that calls one."""
-    if not isinstance(req, ChatCompletionRequest) or _tool_mode(req) is None:
-        return None
-    return [{"type": "function", "function": fn} for fn in _tool_functions(req).values()]
-
-
-EMPTY_OBJECT = {"type": "object", "properties": {}}
-
-
-def _structured_outputs(req) -> tuple[StructuredOutputsParams | None, str | None]:
-    """The grammar the request asks for and the field that asked (at most one may)."""
-    asked = []
-    fmt = req.response_format
-    if fmt is not None:
-        kind = fmt.get("type")
-        if kind == "json_object":
-            asked.append(("response_format", {"json_object": True}))
-        elif kind == "json_schema":
-            schema = (fmt.get("json_schema") or {}).get("schema")
-            if not isinstance(schema, dict):
-                raise APIError("response_format json_schema needs json_schema.schema, a JSON schema object",
-                               "response_format")
-            asked.append(("response_format", {"json": schema}))
-        elif kind != "text":
-            raise APIError(f"response_format type {kind!r} must be one of text, json_object, json_schema",
-                           "response_format")
-    for name, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
-                      ("guided_grammar", "grammar")):
-        if getattr(req, name) is not None:
-            asked.append((name, {key: getattr(req, name)}))
-    if req.structured_outputs is not None:
-        asked.append(("structured_outputs", req.structured_outputs))
-    mode = _tool_mode(req)
-    if mode == "required":  # vLLM's: a list of at least one {name, parameters}, each a tool's
-        asked.append(("tool_choice", {"json": {"type": "array", "minItems": 1, "items": {"anyOf": [
-            {"type": "object", "properties": {"name": {"type": "string", "enum": [name]},
-                                              "parameters": fn.get("parameters") or EMPTY_OBJECT},
-             "required": ["name", "parameters"]} for name, fn in _tool_functions(req).items()]}}}))
-    elif mode is not None:
-        asked.append(("tool_choice", {"json": _tool_functions(req)[mode].get("parameters") or EMPTY_OBJECT}))
-    if len(asked) > 1:
-        raise APIError(f"{asked[0][0]} and {asked[1][0]} both constrain the output: send one", asked[1][0])
-    if not asked:
-        return None, None
-    param, spec = asked[0]
-    try:
-        return structured_parse(spec, param), param
-    except (TypeError, ValueError) as e:
-        raise APIError(str(e).replace("structured_outputs", param, 1), param) from e
 
 
 def _reply_role(req) -> str:
