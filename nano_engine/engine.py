@@ -110,7 +110,6 @@ class LLMEngine:
         self._aborted: list[str] = []
         self._t0 = time.perf_counter()
         self._grammars = None  # structured.GrammarCompiler, made for the first structured-output request
-        self._compiled: dict = {}  # (kind, text) -> compiled grammar
 
     @classmethod
     def from_pretrained(cls, path=None, dtype=None, **kwargs) -> "LLMEngine":
@@ -196,18 +195,13 @@ class LLMEngine:
         return rid
 
     def _grammar(self, params):
-        """A matcher of this structured-output request's grammar (compiled once per engine and spec)."""
+        """A matcher of this structured-output request's grammar (the compiler keeps compiled grammars)."""
         from .structured import GrammarCompiler
 
         if self._grammars is None:
             with self.tokenizer_lock:
                 self._grammars = GrammarCompiler(self.tokenizer, self.model.config.vocab_size, self.eos_token_ids)
-        compiled = self._compiled.get(params.key)
-        if compiled is None:
-            compiled = self._compiled[params.key] = self._grammars.compile(params)
-            if len(self._compiled) > 256:  # bounded: a long-lived server sees many schemas
-                self._compiled.pop(next(iter(self._compiled)))
-        return self._grammars.matcher(compiled)
+        return self._grammars.matcher(self._grammars.compile(params))
 
     def _bad_words_token_ids(self, words) -> list[list[int]]:
         """Each bad word's tokens as it would start the text and as it would follow a space (BPE

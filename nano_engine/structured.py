@@ -14,7 +14,13 @@ once into a grammar over the model's vocabulary (xgrammar: the library vLLM uses
 
 A row's mask depends on its own output only, so a request's tokens stay the same in any batch,
 and a request without a grammar is untouched. Compiled grammars are cached by the compiler (the
-same schema twice compiles once).
+same schema twice compiles once), up to CACHE_LIMIT_BYTES. A grammar is compiled in add_request,
+on the engine's thread (vLLM compiles in a thread pool while the request waits): a schema that
+takes long to compile holds up the steps for that long.
+
+JSON is generated with xgrammar's standard separators (`any_whitespace=False`). vLLM's default
+allows any whitespace between JSON tokens, which a small model tends to fill with newlines until
+its token budget runs out.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import torch
 
 # The library and the versions this module is written against (installed by scripts/setup.sh).
 XGRAMMAR = "xgrammar==0.2.9"
+CACHE_LIMIT_BYTES = 256 << 20  # compiled grammars kept per engine
 
 
 @dataclass(frozen=True)
@@ -100,7 +107,10 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                   stop_token_ids=sorted(stop_token_ids) or None)
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        # xgrammar keeps compiled grammars (the same schema twice compiles once), within a bound:
+        # a server that runs for days sees many schemas.
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=True,
+                                             cache_limit_bytes=CACHE_LIMIT_BYTES)
 
     def compile(self, params: StructuredOutputsParams):
         """The compiled grammar; a ValueError naming structured_outputs for one that does not compile."""

@@ -512,6 +512,23 @@ def test_a_stream_closed_after_two_chunks_frees_everything(server):
     assert not server.engine.requests and server.engine.block_pool.num_free == NUM_BLOCKS
 
 
+def test_a_stream_of_n_choices_closed_early_aborts_every_choice(server):
+    before = aborted(server)
+    stream = server.client.completions.create(model="smol", prompt="Tell me a very long story.", max_tokens=1500,
+                                              temperature=1.0, seed=5, n=3, stream=True,
+                                              extra_body={"ignore_eos": True})
+    seen = set()
+    for chunk in stream:
+        seen.add(chunk.choices[0].index)
+        if len(seen) == 3:  # every choice has started
+            break
+    stream.close()
+    m = wait_idle(server)
+    assert aborted(server) == before + 3
+    assert m["vllm:num_requests_running"] == 0 and m["vllm:kv_cache_usage_perc"] == 0
+    assert not server.engine.requests and server.engine.block_pool.num_free == NUM_BLOCKS
+
+
 def aborted(s) -> float:
     m = re.search(r'^vllm:request_success_total\{[^}]*finished_reason="abort"[^}]*\} (\S+)$',
                   httpx.get(f"{s.url}/metrics").text, re.M)
