@@ -22,24 +22,21 @@ every POST body, so that a test can say what the client sent; the fixture that s
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import openai
 import pytest
-import uvicorn
 from langchain_core.messages import AIMessageChunk, HumanMessage, SystemMessage
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
+from in_process import serving
 from nano_engine import LLMEngine, generate
 from nano_engine.models.loading import embedded_model_path
 from nano_engine.serving.async_llm import AsyncLLM
@@ -142,27 +139,6 @@ class Recorder:
             return await receive()  # what comes after the body: the disconnect
 
         return await self.app(scope, replay, send)
-
-
-@contextlib.contextmanager
-def serving(app):
-    """uvicorn serving `app` in a thread on 127.0.0.1 (a free port); stopped on the way out."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    srv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.time() + 60
-        while not srv.started:
-            assert thread.is_alive() and time.time() < deadline, "the server did not start"
-            time.sleep(0.01)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        srv.should_exit = True
-        thread.join(30)
-        sock.close()
-    assert not thread.is_alive()
 
 
 @pytest.fixture(scope="module")

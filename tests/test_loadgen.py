@@ -14,14 +14,10 @@ import contextlib
 import json
 import math
 import re
-import socket
-import threading
-import time
 
 import httpx
 import numpy as np
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
@@ -30,6 +26,7 @@ from nano_engine.benchmarks.datasets import SampleRequest, get_samples
 from nano_engine.benchmarks.serve import arrival_times, run_benchmark
 from nano_engine.benchmarks.sweep import plot_sweep, sweep, sweep_table
 from nano_engine.cli import bench_serve
+from in_process import serving
 from tiny_files import save_tokenizer
 
 PREFIX = "python -m nano_engine bench-serve: error: "
@@ -74,21 +71,12 @@ class FakeServer:
         return app
 
     def __enter__(self):
-        self.socket = socket.create_server(("127.0.0.1", 0))
-        self.url = "http://127.0.0.1:%d" % self.socket.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(self.app(), log_level="warning", timeout_graceful_shutdown=1))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "the fake server did not start"
-            time.sleep(0.01)
+        self._serving = serving(self.app(), timeout_graceful_shutdown=1)
+        self.url = self._serving.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.socket.close()
+        self._serving.__exit__(*exc)
 
 
 @pytest.fixture

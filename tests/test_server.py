@@ -10,11 +10,9 @@ run it on a scripted engine."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
 import signal
-import socket
 import threading
 import time
 from types import SimpleNamespace
@@ -27,6 +25,7 @@ import uvicorn
 from fastapi.testclient import TestClient
 
 import nano_engine.cli.serve as serve_cli
+from in_process import serving
 from nano_engine import EngineConfig, LLMEngine, SamplingParams, generate
 from nano_engine.serving.async_llm import AsyncLLM, EngineDeadError, RequestOutput
 from nano_engine.serving.launcher import ServerProcess
@@ -51,27 +50,6 @@ def served_engine():
         yield engine, llm
     finally:
         llm.shutdown()
-
-
-@contextlib.contextmanager
-def serving(app):
-    """uvicorn serving `app` in a thread on 127.0.0.1 (a free port); stopped on the way out."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    srv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.time() + 60
-        while not srv.started:
-            assert thread.is_alive() and time.time() < deadline, "the server did not start"
-            time.sleep(0.01)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        srv.should_exit = True
-        thread.join(30)
-        sock.close()
-    assert not thread.is_alive()
 
 
 @pytest.fixture
