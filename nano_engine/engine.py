@@ -30,6 +30,7 @@ from .runner import ATTENTION_BACKENDS, ModelRunner, SeqChunk, build_batch
 from . import sampling
 from .sampling import SamplingMetadata, sample
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from .spec_decode import NgramProposer, SpeculativeConfig
 from .steplog import EngineStats, StepRecord
 
 
@@ -46,6 +47,9 @@ class EngineConfig:
     # "auto": c where it runs the model's dtype and builds here, else torch (what serve runs).
     attention_backend: str = "torch"
     step_log_size: int = 10_000  # records kept in LLMEngine.step_log, the most recent ones; 0 = none
+    # Speculative decoding (spec_decode.py), vLLM's speculative_config: a SpeculativeConfig or a dict
+    # such as {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}; None = off.
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self):
         checks.instance("scheduler_config", self.scheduler_config, SchedulerConfig, "a SchedulerConfig")
@@ -54,6 +58,7 @@ class EngineConfig:
                                                ("auto", *ATTENTION_BACKENDS))
         # A deque's maxlen is a C ssize_t: refuse more here rather than deep inside LLMEngine.
         self.step_log_size = checks.integer("step_log_size", self.step_log_size, minimum=0, maximum=sys.maxsize)
+        self.speculative_config = SpeculativeConfig.of(self.speculative_config)
 
     @classmethod
     def from_settings(cls, **settings) -> "EngineConfig":
@@ -99,6 +104,8 @@ class LLMEngine:
         self.runner = ModelRunner(model, cache.num_blocks, cache.block_size, self.config.attention_backend)
         self.block_pool = (block_pool_cls or BlockPool)(cache.num_blocks, cache.enable_prefix_caching)
         self.scheduler = (scheduler_cls or scheduler_class(sched.policy))(sched, self.block_pool, cache.block_size)
+        spec = self.config.speculative_config
+        self.proposer = NgramProposer(spec) if spec is not None else None
         eos = model.config.eos_token_id
         self.eos_token_ids = {eos} if isinstance(eos, int) else set(eos or ())
         self.requests: dict[str, Request] = {}  # unfinished ones, and finished ones not yet released
@@ -262,13 +269,17 @@ class LLMEngine:
             if out.chunks:
                 chunks = self._chunks(out)
                 logits = self.runner.forward(build_batch(chunks, self.config.cache_config.block_size))
-                samplers = [c.request for c in out.chunks if c.start + c.n == c.request.num_tokens]
-                if any(c.all_logits for c in chunks):  # every row of these: prompt logprobs
-                    logits = self._prompt_logprobs(out, chunks, logits)
-                sampled = sample(logits, SamplingMetadata.from_requests(samplers, self.eos_token_ids))
+                samplers = [c.request for c in out.chunks if c.start + c.n >= c.request.num_tokens]
                 num_sampled = len(samplers)
-                self._update(out, {r.request_id: (token, lps) for r, token, lps
-                                   in zip(samplers, sampled.token_ids, sampled.logprobs)}, finished)
+                if len(logits) == len(samplers):  # one row each (no prompt logprobs, no drafts)
+                    sampled = sample(logits, SamplingMetadata.from_requests(samplers, self.eos_token_ids))
+                    tokens = {r.request_id: ([t], [lp]) for r, t, lp
+                              in zip(samplers, sampled.token_ids, sampled.logprobs)}
+                else:
+                    tokens = self._sample_rows(out, chunks, logits)
+                self._update(out, tokens, finished)
+                if self.proposer is not None:
+                    self._propose(samplers)
         except BaseException as e:
             self._fail(out, finished, t, e)
             raise
@@ -289,69 +300,125 @@ class LLMEngine:
         chunks = []
         for c in out.chunks:
             req = c.request
-            chunks.append(SeqChunk(req.all_token_ids[c.start:c.start + c.n], c.start, req.block_ids,
-                                   sample=c.start + c.n == req.num_tokens, all_logits=_wants_prompt_rows(req, c)))
+            # Drafts the budget cut short are dropped (vLLM trims spec_token_ids the same way).
+            del req.spec_token_ids[max(0, c.start + c.n - req.num_tokens):]
+            drafts = req.spec_token_ids
+            num_logits = c.n if _wants_prompt_rows(req, c) else (1 + len(drafts) if drafts else None)
+            chunks.append(SeqChunk((req.all_token_ids + drafts)[c.start:c.start + c.n], c.start, req.block_ids,
+                                   sample=c.start + c.n >= req.num_tokens, num_logits=num_logits))
         return chunks
 
-    def _prompt_logprobs(self, out: SchedulerOutput, chunks: list[SeqChunk], logits: torch.Tensor) -> torch.Tensor:
-        """Record the prompt logprobs of the all-rows chunks; returns the sampling rows of logits.
-        The row of position p predicts token p + 1; each prompt token gets its logprobs once, also
-        when a preempted request computes its prompt again."""
-        keep, row = [], 0
+    def _sample_rows(self, out: SchedulerOutput, chunks: list[SeqChunk], logits: torch.Tensor) -> dict:
+        """Tokens from a step whose logits have more rows than samplers: prompt logprobs (recorded
+        here) and drafts (verified here). Returns request_id -> (tokens, their logprobs)."""
+        plain, rows, tokens, row = [], [], {}, 0
         for c, chunk in zip(out.chunks, chunks):
-            req, n = c.request, (c.n if chunk.all_logits else int(chunk.sample))
-            if chunk.all_logits:
-                if not req.prompt_logprobs:
-                    req.prompt_logprobs.append(None)  # the first prompt token: nothing before it
-                first = len(req.prompt_logprobs) - 1  # the position whose row predicts the next missing token
-                assert first >= c.start, "a prompt-logprobs request computes its prompt from its start"
-                last = min(c.start + c.n, req.num_prompt_tokens - 1)  # positions first..last-1 predict prompt tokens
-                if first < last:
-                    rows = logits[row + first - c.start: row + last - c.start]
-                    req.prompt_logprobs.extend(sampling.prompt_logprobs(
-                        rows, req.prompt_ids[first + 1:last + 1], req.sampling_params.prompt_logprobs))
-            if chunk.sample:
-                keep.append(row + n - 1)
+            req = c.request
+            n = int(chunk.sample) if chunk.num_logits is None else chunk.num_logits
+            if chunk.num_logits == c.n and _wants_prompt_rows(req, c):
+                self._prompt_logprobs(req, c, logits[row:row + n])
+            if chunk.sample and req.spec_token_ids:
+                tokens[req.request_id] = sampling.verify(
+                    logits[row:row + n], req.spec_token_ids, req.sampling_params, req.generator, req.prompt_ids,
+                    req.output_ids, sorted(self.eos_token_ids), req.bad_words_token_ids)
+            elif chunk.sample:
+                plain.append(req)
+                rows.append(row + n - 1)
             row += n
-        return logits[keep]
+        if plain:
+            sampled = sample(logits[rows], SamplingMetadata.from_requests(plain, self.eos_token_ids))
+            tokens.update({r.request_id: ([t], [lp]) for r, t, lp in zip(plain, sampled.token_ids, sampled.logprobs)})
+        return tokens
+
+    def _propose(self, samplers: list[Request]) -> None:
+        """Drafts for the next step of each request that sampled and goes on: no more than would
+        take it past max_tokens with the token of its own the next step adds."""
+        for req in samplers:
+            if req.is_finished or req.grammar is not None:
+                continue
+            room = req.sampling_params.max_tokens - len(req.output_ids) - 1
+            req.spec_token_ids = self.proposer.propose(req.all_token_ids, room) if room > 0 else []
+
+    def _prompt_logprobs(self, req: Request, c, logits: torch.Tensor) -> None:
+        """Record the prompt logprobs from the rows (one per token) of this chunk. The row of
+        position p predicts token p + 1; each prompt token gets its logprobs once, also when a
+        preempted request computes its prompt again."""
+        if not req.prompt_logprobs:
+            req.prompt_logprobs.append(None)  # the first prompt token: nothing before it
+        first = len(req.prompt_logprobs) - 1  # the position whose row predicts the next missing token
+        assert first >= c.start, "a prompt-logprobs request computes its prompt from its start"
+        last = min(c.start + c.n, req.num_prompt_tokens - 1)  # positions first..last-1 predict prompt tokens
+        if first < last:
+            rows = logits[first - c.start:last - c.start]
+            req.prompt_logprobs.extend(sampling.prompt_logprobs(
+                rows, req.prompt_ids[first + 1:last + 1], req.sampling_params.prompt_logprobs))
 
     def _update(self, out: SchedulerOutput, sampled: dict[str, tuple], finished: list[Request]) -> None:
-        """Advance each scheduled request; `sampled` maps a request_id to its (token, logprobs)."""
+        """Advance each scheduled request; `sampled` maps a request_id to (its new tokens, their
+        logprobs): one token, or with drafts the accepted ones and one of the model's own."""
         now, bs = time.perf_counter(), self.config.cache_config.block_size
         for c in out.chunks:
             req = c.request
             req.num_computed = c.start + c.n
+            tokens, logprobs = sampled.get(req.request_id, ((), ()))
+            drafts, req.spec_token_ids = req.spec_token_ids, []
+            if drafts and tokens:  # the refused drafts' KV is no longer the request's
+                accepted = len(tokens) - 1
+                req.num_computed -= len(drafts) - accepted
+                self._count_drafts(len(drafts), accepted)
+            reason = None
+            for token, lp in zip(tokens, logprobs):
+                reason = self._append(req, token, lp, now)
+                if reason is not None:  # nothing after a stop, max_tokens or the grammar's end
+                    break
             # Full blocks now hold computed KV: name them so later prompts can share them.
-            full = req.num_computed // bs
+            full = min(req.num_computed, req.num_tokens) // bs
             self.block_pool.cache_blocks(req.block_ids, self.scheduler.hashes(req, full), c.start // bs)
-            if req.request_id not in sampled:
-                continue
-            token, logprobs = sampled[req.request_id]
-            req.output_ids.append(token)
-            if logprobs is not None:
-                req.logprobs.append(logprobs)
-            req.token_times.append(now)
-            sp = req.sampling_params
-            hit = None
-            if req.detokenizer is not None:  # stop strings: the text decides, before the token checks
-                with self.tokenizer_lock:
-                    hit = req.detokenizer.update([token])
-            if req.grammar is not None:
-                req.grammar.accept(token)
-            if hit is not None:
-                req.stop_reason = hit
-                self.scheduler.finish(req, "stop")
-            elif req.grammar is not None and req.grammar.is_terminated:  # the grammar is complete
-                self.scheduler.finish(req, "stop")
-            elif token in self.eos_token_ids and not sp.ignore_eos:
-                self.scheduler.finish(req, "stop")
-            elif token in sp.stop_token_ids:
-                req.stop_reason = token
-                self.scheduler.finish(req, "stop")
-            elif len(req.output_ids) >= sp.max_tokens:
-                self.scheduler.finish(req, "length")
-            if req.is_finished:
+            if drafts and reason is None:  # blocks that held only refused drafts go back to the pool
+                keep = -(-req.num_computed // bs)
+                if len(req.block_ids) > keep:
+                    self.block_pool.free(reversed(req.block_ids[keep:]))
+                    del req.block_ids[keep:]
+            if reason is not None:
+                self.scheduler.finish(req, reason)
                 finished.append(req)
+
+    def _append(self, req: Request, token: int, logprobs, now: float) -> str | None:
+        """Add one output token; returns the finish reason it brings ("stop", "length"), else None."""
+        req.output_ids.append(token)
+        if logprobs is not None:
+            req.logprobs.append(logprobs)
+        req.token_times.append(now)
+        sp = req.sampling_params
+        hit = None
+        if req.detokenizer is not None:  # stop strings: the text decides, before the token checks
+            with self.tokenizer_lock:
+                hit = req.detokenizer.update([token])
+        if req.grammar is not None:
+            req.grammar.accept(token)
+        if hit is not None:
+            req.stop_reason = hit
+            return "stop"
+        if req.grammar is not None and req.grammar.is_terminated:  # the grammar is complete
+            return "stop"
+        if token in self.eos_token_ids and not sp.ignore_eos:
+            return "stop"
+        if token in sp.stop_token_ids:
+            req.stop_reason = token
+            return "stop"
+        if len(req.output_ids) >= sp.max_tokens:
+            return "length"
+        return None
+
+    def _count_drafts(self, num_drafts: int, accepted: int) -> None:
+        s = self.stats
+        s.spec_num_drafts += 1
+        s.spec_num_draft_tokens += num_drafts
+        s.spec_num_accepted_tokens += accepted
+        if len(s.spec_accepted_per_pos) < num_drafts:
+            s.spec_accepted_per_pos.extend([0] * (num_drafts - len(s.spec_accepted_per_pos)))
+        for pos in range(accepted):
+            s.spec_accepted_per_pos[pos] += 1
 
     def _log(self, out: SchedulerOutput, finished: list[Request], t: float, num_sampled: int,
              error: str | None = None) -> None:

@@ -187,6 +187,8 @@ class Request:
     # bad_words as token id sequences (the engine tokenizes them at add_request)
     bad_words_token_ids: list[list[int]] = field(default_factory=list)
     grammar: object | None = field(default=None, repr=False)  # structured.Matcher, with structured_outputs
+    # Draft tokens proposed after the last step (speculative decoding): checked in the next one
+    spec_token_ids: list[int] = field(default_factory=list)
     # The output's text, made by the engine as tokens come, for requests with stop strings
     # (an IncrementalDetokenizer; None otherwise). `output_text` reads it.
     detokenizer: object | None = field(default=None, repr=False)
@@ -215,8 +217,9 @@ class Request:
 
     @property
     def num_behind(self) -> int:
-        """Tokens still to compute before this request can sample again."""
-        return self.num_tokens - self.num_computed
+        """Tokens still to compute before this request can sample again, its drafts included
+        (vLLM's num_tokens_with_spec - num_computed_tokens)."""
+        return self.num_tokens + len(self.spec_token_ids) - self.num_computed
 
     @property
     def max_kv_tokens(self) -> int:

@@ -8,7 +8,8 @@ over all T tokens; only attention looks at each sequence separately, over its ow
 (attention.py, which batches the decodes of a step into a few tensor ops per layer).
 Logits are computed only for the rows that sample: the last new token of a sequence whose step
 reaches the end of its tokens (a prefill chunk in the middle of a prompt samples nothing); a
-request that asked for its prompt's logprobs gets every row of its prompt's chunks.
+request that asked for its prompt's logprobs gets every row of its prompt's chunks, one with
+drafts (speculative decoding) the rows of its last token and its drafts.
 
 Mirrors vLLM V1's `vllm/v1/worker/gpu_model_runner.py` (_prepare_inputs: query_start_loc,
 positions, slot_mapping, logits_indices) and the paged attention backends' metadata.
@@ -34,7 +35,9 @@ class SeqChunk(NamedTuple):
     num_cached: int  # tokens before them whose KV is in the cache
     block_ids: Sequence[int]  # the block table, long enough for num_cached + len(token_ids)
     sample: bool  # does this step reach the sequence's last token (so it needs logits)?
-    all_logits: bool = False  # logits for every new token (prompt logprobs), not just the last
+    # Logits for the last num_logits new tokens (None: the last one if it samples): all of them for
+    # prompt logprobs, 1 + the drafts for speculative decoding.
+    num_logits: int | None = None
 
 
 @dataclass
@@ -46,7 +49,7 @@ class Batch:
     num_cached: list[int]  # (B,)
     block_tables: list[Sequence[int]]  # (B,) each sequence's block ids
     block_size: int
-    logits_indices: torch.Tensor  # rows whose logits are needed, in sequence order (all of an all_logits chunk)
+    logits_indices: torch.Tensor  # rows whose logits are needed, in sequence order (num_logits per chunk)
 
     @property
     def num_tokens(self) -> int:
@@ -77,10 +80,8 @@ def build_batch(chunks: Sequence[SeqChunk], block_size: int) -> Batch:
         slots.extend(c.block_ids[p // block_size] * block_size + p % block_size
                      for p in range(c.num_cached, end))
         starts.append(starts[-1] + n)
-        if c.all_logits:
-            logits_rows.extend(range(starts[-2], starts[-1]))
-        elif c.sample:
-            logits_rows.append(starts[-1] - 1)
+        k = int(c.sample) if c.num_logits is None else c.num_logits
+        logits_rows.extend(range(starts[-1] - k, starts[-1]))
     return Batch(
         input_ids=torch.tensor(ids, dtype=torch.long),
         positions=torch.tensor(positions, dtype=torch.long),

@@ -253,21 +253,65 @@ def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
     dtype = torch.promote_types(logits.dtype, torch.float32)  # float32 at least; a float64 model stays exact
     tokens, logprobs = [], []
     for i, p in enumerate(params):
-        row = logits[i:i + 1].to(dtype)  # (1, V): every step on this row alone, so batches cannot mix
-        raw = row[0]
-        if p.allowed_token_ids is not None:
-            row = apply_allowed_token_ids(row, p.allowed_token_ids)
-        if bad_words[i]:
-            row = apply_bad_words(row, bad_words[i], output_ids[i])
-        if p.logit_bias is not None:
-            row = apply_logit_bias(row, [p.logit_bias])
-        if p.min_tokens > 0:
-            stops = list(p.stop_token_ids) + ([] if p.ignore_eos else sorted(eos_token_ids))
-            row = apply_min_tokens(row, [len(output_ids[i])], [p.min_tokens], [stops])
-        if p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
-            row = apply_penalties(row, [prompt_ids[i]], [output_ids[i]], [p.repetition_penalty],
-                                  [p.frequency_penalty], [p.presence_penalty])
-        token = sample_one(row[0], p, generators[i])
+        raw = logits[i].to(dtype)  # every step on this row alone, so batches cannot mix
+        row = process_row(raw, p, prompt_ids[i], output_ids[i], eos_token_ids, bad_words[i])
+        token = sample_one(row, p, generators[i])
         tokens.append(token)
         logprobs.append(None if p.logprobs is None else token_logprobs(raw, token, p.logprobs))
     return SamplerOutput(tokens, logprobs)
+
+
+def process_row(raw: torch.Tensor, p: SamplingParams, prompt_ids: Sequence[int], output_ids: Sequence[int],
+                eos_token_ids: Sequence[int] = (), bad_words: Sequence[Sequence[int]] = ()) -> torch.Tensor:
+    """Steps 2-3 on one row of logits (V,): allowed tokens, bad words, bias, min_tokens, penalties, by
+    this request's parameters and the history it is given."""
+    row = raw[None]
+    if p.allowed_token_ids is not None:
+        row = apply_allowed_token_ids(row, p.allowed_token_ids)
+    if bad_words:
+        row = apply_bad_words(row, bad_words, output_ids)
+    if p.logit_bias is not None:
+        row = apply_logit_bias(row, [p.logit_bias])
+    if p.min_tokens > 0:
+        stops = list(p.stop_token_ids) + ([] if p.ignore_eos else sorted(eos_token_ids))
+        row = apply_min_tokens(row, [len(output_ids)], [p.min_tokens], [stops])
+    if p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
+        row = apply_penalties(row, [prompt_ids], [output_ids], [p.repetition_penalty],
+                              [p.frequency_penalty], [p.presence_penalty])
+    return row[0]
+
+
+# ----- speculative decoding: verify the drafts -----
+
+def verify(logits: torch.Tensor, drafts: Sequence[int], p: SamplingParams, generator: torch.Generator | None,
+           prompt_ids: Sequence[int], output_ids: Sequence[int], eos_token_ids: Sequence[int] = (),
+           bad_words: Sequence[Sequence[int]] = ()) -> tuple[list[int], list[SampleLogprobs | None]]:
+    """The tokens a request keeps from one step with d drafts: logits (d + 1, V), row j the model's
+    distribution after the j-th draft (row 0: after the last real token).
+
+    Position by position, with the history of the tokens kept before it (penalties see them), the
+    request draws its token exactly as it would without drafts (the same sampler, the same
+    generator, one draw per position). A draft is kept when the draw equals it; the first draw
+    that differs is kept instead (the correction) and the step ends there; if every draft is kept,
+    the last row gives one more token (the bonus).
+
+    This is rejection sampling for a proposer that is sure of its drafts (the n-gram proposer:
+    q(x) = 1): a draft x is kept with probability p(x) = min(1, p(x) / q(x)), and a refused one is
+    replaced by a token drawn from p without x, renormalised, which is max(0, p - q) normalised
+    (vLLM's `vllm/v1/sample/rejection_sampler.py`; greedy: x is kept when it is the argmax). Drawing
+    the token first and comparing is one way to run it, and the way that keeps a seeded request's
+    tokens what they are without drafts, in any batch: drafts change how many steps the tokens
+    take, never which tokens they are.
+    """
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    history, tokens, logprobs = list(output_ids), [], []
+    for j in range(len(drafts) + 1):
+        raw = logits[j].to(dtype)
+        row = process_row(raw, p, prompt_ids, history, eos_token_ids, bad_words)
+        token = sample_one(row, p, generator)
+        tokens.append(token)
+        logprobs.append(None if p.logprobs is None else token_logprobs(raw, token, p.logprobs))
+        history.append(token)
+        if j == len(drafts) or token != drafts[j]:
+            break
+    return tokens, logprobs

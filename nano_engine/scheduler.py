@@ -135,6 +135,7 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         self.free_blocks(req)
+        req.spec_token_ids = []
         self._arrival_step.pop(req.request_id, None)
         req.status, req.finish_reason = RequestStatus.FINISHED, reason
 
@@ -167,6 +168,7 @@ class Scheduler:
         self.free_blocks(req)
         req.recompute_until = max(req.recompute_until, req.num_computed)
         req.num_computed = 0
+        req.spec_token_ids = []  # drafts are proposed again once it decodes
         req.num_preemptions += 1
         req.status = RequestStatus.WAITING
         self.waiting.appendleft(req)

@@ -103,3 +103,9 @@ class EngineStats:
     seconds: float = 0.0
     num_finished: int = 0  # requests finished by a step (stop, length or error); aborts not included
     num_errors: int = 0  # steps that raised
+    # Speculative decoding (vLLM's spec_decode metrics): verifications with drafts, drafts checked,
+    # drafts kept, and drafts kept by position (index 0: the first draft of a step)
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = field(default_factory=list)

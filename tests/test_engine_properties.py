@@ -172,8 +172,9 @@ def run_scenario(block_size, reqs, cfg) -> set[str]:
         out = outs[-1]
         assert len(outs) == num_outs + 1 and out.chunks, "a step with unfinished requests must schedule something"
         if cfg["enable_prefix_caching"]:  # every block this step filled is named in the prefix cache
-            for c in out.chunks:
-                hashes = block_hashes(c.request.all_token_ids, block_size, (c.start + c.n) // block_size)
+            for c in out.chunks:  # (with drafts: the blocks of the tokens kept, not of the refused drafts')
+                filled = min(c.start + c.n, c.request.num_computed, c.request.num_tokens)
+                hashes = block_hashes(c.request.all_token_ids, block_size, filled // block_size)
                 assert all(h in engine.block_pool.cached for h in hashes[c.start // block_size:]), \
                     "a block filled in this step was never named in the prefix cache"
         check_blocks(engine)
@@ -188,6 +189,10 @@ def run_scenario(block_size, reqs, cfg) -> set[str]:
         if not sp.greedy and req.output_ids:
             paths.add("sampled request")
     assert engine.block_pool.num_free == cfg["num_blocks"]
+    if engine.stats.spec_num_accepted_tokens:
+        paths.add("drafts accepted")
+    if engine.stats.spec_num_accepted_tokens < engine.stats.spec_num_draft_tokens:
+        paths.add("drafts refused")
     return paths
 
 
@@ -200,6 +205,24 @@ def scenarios(draw):
 @settings(max_examples=1000 if LONG else 20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_engine_equals_single_request_runs(scenario):
+    for path in run_scenario(*scenario):
+        event(path)
+
+
+@st.composite
+def speculative_scenarios(draw):
+    block_size, reqs, cfg = draw(scenarios())
+    spec = {"num_speculative_tokens": draw(st.integers(1, 5)), "prompt_lookup_max": draw(st.integers(1, 3))}
+    spec["prompt_lookup_min"] = draw(st.integers(1, spec["prompt_lookup_max"]))
+    return block_size, reqs, {**cfg, "speculative_config": spec}
+
+
+@settings(max_examples=200 if LONG else 20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(speculative_scenarios())
+def test_speculative_decoding_changes_no_token_and_returns_every_block(scenario):
+    """With n-gram drafts (any k and n-gram lengths), under every setting above: each request gets the
+    tokens it gets alone without drafts (greedy: generate's; seeded: the same draws), the scheduler's
+    invariants hold with drafts in the budget, and every block comes back (refused drafts' included)."""
     for path in run_scenario(*scenario):
         event(path)
 

@@ -176,3 +176,34 @@ def test_allowed_token_ids_and_bad_words_mask_before_the_choice():
     both = SamplingParams(max_tokens=4, allowed_token_ids=(3,), logprobs=1)
     out = sample(logits, SamplingMetadata([both], [None]))
     assert out.token_ids == [3] and out.logprobs[0].logprob == pytest.approx(logits[0].log_softmax(-1)[3].item())
+
+
+def test_verifying_drafts_keeps_every_positions_distribution():
+    """Rejection sampling of n-gram drafts: over many seeded draws, the first token is distributed as the
+    model's p (chi-square), the draft is kept with probability p(draft), and after a kept draft the next
+    token follows the next row's distribution (the bonus)."""
+    from nano_engine.sampling import verify
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5], [0.3, -1.0, 1.2, 0.0, 0.8]])
+    params = SamplingParams(max_tokens=8, temperature=0.8)
+    p0, p1 = (logits / 0.8).softmax(-1).double()
+    n, draft = 6000, 1
+    first, bonus = torch.zeros(5, dtype=torch.float64), torch.zeros(5, dtype=torch.float64)
+    for seed in range(n):
+        tokens, _ = verify(logits, [draft], params, torch.Generator().manual_seed(seed), [], [])
+        first[tokens[0]] += 1
+        assert len(tokens) == (2 if tokens[0] == draft else 1)
+        if tokens[0] == draft:
+            bonus[tokens[1]] += 1
+
+    def chi2(counts, p):
+        return float(((counts - counts.sum() * p) ** 2 / (counts.sum() * p)).sum())
+
+    assert chi2(first, p0) < 18.5  # 4 degrees of freedom: p = 0.001
+    assert chi2(bonus, p1) < 18.5
+    kept = first[draft] / n
+    assert abs(kept - p0[draft]) < 4 * math.sqrt(p0[draft] * (1 - p0[draft]) / n)
+    # greedy: a draft is kept exactly when it is the argmax, and the correction is the argmax
+    greedy = SamplingParams(max_tokens=8)
+    assert verify(logits, [0], greedy, None, [], [])[0] == [0, 2]
+    assert verify(logits, [3], greedy, None, [], [])[0] == [0]
