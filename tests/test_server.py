@@ -475,6 +475,35 @@ def test_metrics_break_each_request_down_as_vllms_dashboards_read_them(server):
     assert m["vllm:iteration_tokens_total_sum"] >= len(prompt) + 10 and m["vllm:iteration_tokens_total_count"] >= 6
 
 
+def test_a_speculative_server_streams_the_same_tokens_and_counts_its_drafts():
+    """serve with n-gram speculation: through the openai client, streamed or not, the tokens are those
+    without drafts, and /metrics carries vLLM's spec_decode counters."""
+    engine = LLMEngine.from_pretrained(num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, speculative_config={
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1})
+    llm = AsyncLLM(engine)
+    text = ("The old lighthouse keeper climbed the stairs every night. He lit the lamp, wound the clock, "
+            "and wrote one line in his log.")
+    ask = [{"role": "user", "content": f"Repeat this text exactly: {text}"}]
+    try:
+        with serving(build_app(llm, "smol")) as url:
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=300)
+            r = client.chat.completions.create(model="smol", messages=ask, max_tokens=40, temperature=0)
+            want = generate(engine.model, chat_prompt_ids(engine.tokenizer, ask[0]["content"]), 40,
+                            eos_token_id=engine.model.config.eos_token_id)
+            assert r.choices[0].message.content == engine.tokenizer.decode(want, skip_special_tokens=True)
+            streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+                model="smol", messages=ask, max_tokens=40, temperature=0, stream=True))
+            assert streamed == r.choices[0].message.content
+            m = {k: v for k, v in (line.rsplit(" ", 1) for line in httpx.get(f"{url}/metrics").text.splitlines()
+                                   if line.startswith("vllm:spec_decode"))}
+            drafts = sum(float(v) for k, v in m.items() if k.startswith("vllm:spec_decode_num_draft_tokens_total"))
+            kept = sum(float(v) for k, v in m.items() if k.startswith("vllm:spec_decode_num_accepted_tokens_total"))
+            per_pos = [float(v) for k, v in m.items() if k.startswith("vllm:spec_decode_num_accepted_tokens_per_pos")]
+            assert drafts >= kept > 0 and sum(per_pos) == kept
+    finally:
+        llm.shutdown()
+
+
 def test_a_stream_closed_after_two_chunks_frees_everything(server):
     stream = server.client.completions.create(model="smol", prompt="Tell me a very long story.", max_tokens=1500,
                                               temperature=0, stream=True, extra_body={"ignore_eos": True})

@@ -11,6 +11,7 @@ told otherwise, and stops on Ctrl-C or SIGTERM after the step in flight.
 from __future__ import annotations
 
 import argparse
+import json
 import ipaddress
 import os
 import pathlib
@@ -30,6 +31,16 @@ def _port(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"{value} is not a TCP port (0-65535; 0 = any free port)")
+    return value
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
     return value
 
 
@@ -78,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                     default=d.scheduler_reserve_full_isl,
                     help="admit a request only when blocks for its whole prompt are free (vLLM's default; "
                          "off by default here: the classic rule, where the first chunk is enough)")
+    ap.add_argument("--speculative-config", type=_json_object, default=None,
+                    help='speculative decoding, as vLLM\'s: JSON such as \'{"method": "ngram", '
+                         '"num_speculative_tokens": 3, "prompt_lookup_max": 4}\' (default: off)')
     ap.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice)")
     ap.add_argument("--uvicorn-log-level", default="info",
                     choices=["critical", "error", "warning", "info", "debug", "trace"])
@@ -94,7 +108,7 @@ def engine_config(args) -> "EngineConfig":
         enable_chunked_prefill=args.enable_chunked_prefill, policy=args.scheduling_policy,
         scheduler_reserve_full_isl=args.scheduler_reserve_full_isl, block_size=args.block_size,
         num_blocks=args.num_blocks, enable_prefix_caching=args.enable_prefix_caching,
-        attention_backend=args.attention_backend)
+        attention_backend=args.attention_backend, speculative_config=args.speculative_config)
 
 
 def served_name(args) -> str:

@@ -15,8 +15,9 @@ SGLang's nearest flag (`python/sglang/srt/server_args.py`).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import pathlib
-
 from dataclasses import dataclass
 
 from ..engine import EngineConfig
@@ -81,6 +82,9 @@ def to_vllm(config: EngineConfig, dtype: str | None = None, max_model_len: int |
                              f"for checking exactness)")
     if max_model_len is not None:
         args["max_model_len"] = max_model_len
+    spec = config.speculative_config
+    if spec is not None:  # vLLM's --speculative-config takes the same JSON
+        args["speculative_config"] = json.dumps(dataclasses.asdict(spec))
     return args
 
 

@@ -73,6 +73,20 @@ class _EngineState:
                             getattr(sched, "prefix_cache_queries", 0))
         yield self._counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
                             getattr(sched, "prefix_cache_hits", 0))
+        if getattr(engine.config, "speculative_config", None) is not None:  # vLLM's spec_decode metrics
+            stats = engine.stats
+            yield self._counter("vllm:spec_decode_num_drafts", "Verifications of a request's drafts.",
+                                stats.spec_num_drafts)
+            yield self._counter("vllm:spec_decode_num_draft_tokens", "Draft tokens verified.",
+                                stats.spec_num_draft_tokens)
+            yield self._counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                                stats.spec_num_accepted_tokens)
+            per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                          "Draft tokens accepted, by their position among the drafts.",
+                                          labels=[*self.labels, "position"])
+            for pos, n in enumerate(stats.spec_accepted_per_pos):
+                per_pos.add_metric([*self.labels.values(), str(pos)], n)
+            yield per_pos
 
 
 class ServingMetrics:
