@@ -765,7 +765,7 @@ class ScriptedLLM:
         ns = SimpleNamespace
         config = ns(scheduler_config=ns(enable_chunked_prefill=chunked, policy=policy,
                                         max_num_batched_tokens=max_num_batched_tokens),
-                    cache_config=ns(num_blocks=num_blocks, block_size=block_size))
+                    cache_config=ns(num_blocks=num_blocks, block_size=block_size), speculative_config=None)
         self.engine = ns(config=config, model=ns(config=ns(max_position_embeddings=max_position_embeddings)),
                          stats=ns(preemptions=2), scheduler=ns(running=["a"], waiting=["b", "c"]),
                          block_pool=ns(num_free=1, num_blocks=num_blocks))

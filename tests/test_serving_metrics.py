@@ -107,10 +107,12 @@ def test_a_request_aborted_before_its_first_token_ends_now(monkeypatch):
     assert samples(f["vllm:generation_tokens"], "_total") == {}  # never counted
 
 
-def fake_llm(**scheduler):
+def fake_llm(spec=None, **scheduler):
     sched = SimpleNamespace(running=[1, 2], waiting=[3, 4, 5], **scheduler)
+    stats = SimpleNamespace(preemptions=6, spec_num_drafts=5, spec_num_draft_tokens=15, spec_num_accepted_tokens=9,
+                            spec_accepted_per_pos=[5, 3, 1])
     engine = SimpleNamespace(scheduler=sched, block_pool=SimpleNamespace(num_free=3, num_blocks=12),
-                             stats=SimpleNamespace(preemptions=6))
+                             stats=stats, config=SimpleNamespace(speculative_config=spec))
     listeners, steps = [], []
     return SimpleNamespace(engine=engine, listeners=listeners, subscribe=listeners.append, steps=steps,
                            subscribe_steps=steps.append)
@@ -173,3 +175,16 @@ def test_a_finished_request_is_broken_down_into_queue_prefill_and_decode():
     buckets, n, s = histogram(families(m)["vllm:iteration_tokens_total"])
     assert (n, s) == (3, 267) and buckets[64.0] == 2 and buckets[8.0] == 1
     assert not m._first_token and not m._last_token
+
+
+def test_speculation_adds_vllms_spec_decode_counters():
+    m = ServingMetrics("m")
+    m.attach(fake_llm(spec=object()))  # a speculative engine
+    f = families(m)
+    assert [samples(f[f"vllm:spec_decode_num_{name}"], "_total")[()] for name in
+            ("drafts", "draft_tokens", "accepted_tokens")] == [5, 15, 9]
+    assert samples(f["vllm:spec_decode_num_accepted_tokens_per_pos"], "_total") == {
+        (("position", "0"),): 5, (("position", "1"),): 3, (("position", "2"),): 1}
+    plain = ServingMetrics("m")
+    plain.attach(fake_llm())
+    assert not any(name.startswith("vllm:spec_decode") for name in families(plain))

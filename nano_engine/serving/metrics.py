@@ -73,7 +73,7 @@ class _EngineState:
                             getattr(sched, "prefix_cache_queries", 0))
         yield self._counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
                             getattr(sched, "prefix_cache_hits", 0))
-        if getattr(engine.config, "speculative_config", None) is not None:  # vLLM's spec_decode metrics
+        if engine.config.speculative_config is not None:  # vLLM's spec_decode metrics
             stats = engine.stats
             yield self._counter("vllm:spec_decode_num_drafts", "Verifications of a request's drafts.",
                                 stats.spec_num_drafts)
