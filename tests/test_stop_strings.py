@@ -38,8 +38,14 @@ def first_token_completing(tok, ids, stop):
     raise AssertionError(f"{stop!r} is not in the output")
 
 
+SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
+
+
+@pytest.mark.parametrize("spec", [None, SPEC], ids=["plain", "drafts"])
 @pytest.mark.parametrize("include", [False, True])
-def test_a_stop_string_ends_its_request_where_its_text_completes_and_nothing_else_changes(tok, include):
+def test_a_stop_string_ends_its_request_where_its_text_completes_and_nothing_else_changes(tok, include, spec):
+    """Also with speculative decoding: a stop completed by an accepted draft ends the output there, and
+    the drafts after it are dropped."""
     alone = [unstopped(tok, p) for p in PROMPTS]
     ids, text = alone[1]
     stop = text[len(text) // 2:len(text) // 2 + 3]  # from the middle: it spans a token boundary when there is one
@@ -49,8 +55,10 @@ def test_a_stop_string_ends_its_request_where_its_text_completes_and_nothing_els
         {}, {"stop": stop, "include_stop_str_in_output": include},  # a bare str is one stop string
         {"stop": ["\x00never"], "include_stop_str_in_output": include})]
     assert params[1].stop == (stop,)
-    eng = LLMEngine(MODEL, tok, num_blocks=64, block_size=4, max_num_batched_tokens=5)
+    eng = LLMEngine(MODEL, tok, num_blocks=64, block_size=4, max_num_batched_tokens=5, speculative_config=spec)
     out = eng.generate(PROMPTS, params)
+    if spec is not None:
+        assert eng.stats.spec_num_accepted_tokens > 0
     # the tokens before the stop are those of the run without stops, and the other requests' are theirs
     assert [r.output_ids for r in out] == [alone[0][0], ids[:n], alone[2][0]]
     assert [(r.finish_reason, r.stop_reason) for r in out] == [("length", None), ("stop", stop), ("length", None)]
@@ -116,3 +124,22 @@ def test_the_async_engine_streams_the_engines_text_once_and_its_stop_reason(tok)
     assert "".join(o.new_text for o in outs) == text[:text.find(stop)]
     assert outs[-1].finish_reason == "stop" and outs[-1].stop_reason == stop
     assert not llm.engine.requests and llm.engine.block_pool.num_free == 64
+
+
+def test_a_stop_string_inside_the_accepted_drafts_ends_the_output_there(tok):
+    """The embedded model copying a text: each step keeps several drafts, and the stop string completes
+    in the middle of them. The output ends where it ends without drafts; the drafts after it are dropped."""
+    from nano_engine.models.loading import chat_prompt_ids
+
+    engine = LLMEngine.from_pretrained(speculative_config=SPEC)
+    plain = LLMEngine(engine.model, engine.tokenizer)
+    text = "The old lighthouse keeper climbed the stairs every night, lit the lamp and wound the clock."
+    prompt = chat_prompt_ids(engine.tokenizer, f"Repeat this text exactly: {text}")
+    last_steps = []
+    for stop in ("stairs every", "the lamp", "wound"):
+        params = SamplingParams(max_tokens=40, stop=stop)
+        want, got = plain.generate([prompt], params)[0], engine.generate([prompt], params)[0]
+        assert (got.output_ids, got.output_text, got.stop_reason) == (want.output_ids, want.output_text, stop)
+        last_steps.append(got.token_times.count(got.token_times[-1]))  # tokens its last step added
+    assert max(last_steps) > 1  # a stop completed after kept drafts, in the middle of a step's tokens
+    assert engine.block_pool.num_free == engine.block_pool.num_blocks
