@@ -115,6 +115,7 @@ class LLMEngine:
         self._num_added = 0  # arrival order (Request.seq)
         self._added: list[str] = []  # events since the last record
         self._aborted: list[str] = []
+        self._drafts: list[tuple[str, int, int]] = []  # this step's verifications: (request_id, drafts, kept)
         self._t0 = time.perf_counter()
         self._grammars = None  # structured.GrammarCompiler, made for the first structured-output request
 
@@ -303,6 +304,8 @@ class LLMEngine:
             # Drafts the budget cut short are dropped (vLLM trims spec_token_ids the same way).
             del req.spec_token_ids[max(0, c.start + c.n - req.num_tokens):]
             drafts = req.spec_token_ids
+            if drafts:
+                c.kind = "verify"  # a decode with drafts to check (the timelines' colour)
             num_logits = c.n if _wants_prompt_rows(req, c) else (1 + len(drafts) if drafts else None)
             chunks.append(SeqChunk((req.all_token_ids + drafts)[c.start:c.start + c.n], c.start, req.block_ids,
                                    sample=c.start + c.n >= req.num_tokens, num_logits=num_logits))
@@ -366,6 +369,7 @@ class LLMEngine:
                 accepted = len(tokens) - 1
                 req.num_computed -= len(drafts) - accepted
                 self._count_drafts(len(drafts), accepted)
+                self._drafts.append((req.request_id, len(drafts), accepted))
             reason = None
             for token, lp in zip(tokens, logprobs):
                 reason = self._append(req, token, lp, now)
@@ -435,9 +439,9 @@ class LLMEngine:
             preempted=[r.request_id for r in out.preempted],
             finished=[r.request_id for r in finished],
             num_free_blocks=self.block_pool.num_free, num_waiting=waiting, num_running=running,
-            num_sampled=num_sampled, added=self._added, aborted=self._aborted, error=error,
+            num_sampled=num_sampled, added=self._added, aborted=self._aborted, error=error, drafts=self._drafts,
         )
-        self._added, self._aborted = [], []
+        self._added, self._aborted, self._drafts = [], [], []
         self.step_log.append(rec)
         s.preemptions += len(rec.preempted)
         s.num_finished += len(rec.finished)

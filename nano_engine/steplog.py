@@ -22,7 +22,7 @@ class StepRecord:
     step: int  # the engine's step number (idle steps are counted but not recorded)
     start: float  # seconds since the engine was created
     duration: float  # seconds
-    scheduled: list[tuple[str, int, str]]  # (request_id, tokens, "prefill" | "decode" | "recompute")
+    scheduled: list[tuple[str, int, str]]  # (request_id, tokens, "prefill" | "decode" | "verify" | "recompute")
     preempted: list[str]  # in preemption order; each went to the front of the waiting queue
     finished: list[str]  # finished in this step: "stop", "length", or "error"
     num_free_blocks: int  # at the end of the step
@@ -31,6 +31,8 @@ class StepRecord:
     num_sampled: int = 0  # rows that sampled a token (the LM head ran on these only)
     added: list[str] = field(default_factory=list)  # queued since the previous record
     aborted: list[str] = field(default_factory=list)  # aborted since the previous record
+    # Speculative decoding: (request_id, drafts verified, drafts kept) of each "verify" chunk
+    drafts: list[tuple[str, int, int]] = field(default_factory=list)
     error: str | None = None  # what this step raised; its requests finished with "error"
 
     @property

@@ -136,7 +136,7 @@ def test_timeline_of_a_hand_made_log():
     assert tl.states == [["prefill", "decode", "decode", None],
                          ["waiting", "prefill", "preempted", "recompute"]]
     assert tl.starts == [0.0, 0.5, 1.0, 2.5] and tl.durations == [0.5, 0.25, 1.0, 0.5]
-    assert state_counts(tl) == {"prefill": 2, "decode": 2, "recompute": 1, "preempted": 1, "stalled": 0,
+    assert state_counts(tl) == {"prefill": 2, "decode": 2, "verify": 0, "recompute": 1, "preempted": 1, "stalled": 0,
                                 "waiting": 1}
     empty = timeline([])
     assert (empty.request_ids, empty.states, empty.starts, empty.num_steps) == ([], [], [], 0)

@@ -1,7 +1,8 @@
 """Timelines drawn from the engine's own step log: what every request did at every step.
 
 Rows are requests, the horizontal axis is steps (or seconds); each cell is coloured by the
-request's state in that step: a prefill chunk, a decode, a recompute after preemption, running
+request's state in that step: a prefill chunk, a decode, a decode with drafts to verify
+(speculative decoding), a recompute after preemption, running
 but given no tokens, waiting, or the step in which it was preempted. `TimelineWidget` switches
 between batching methods and token budgets, for the scheduler chapter; `compare_figure` draws
 the same runs side by side as a static figure, for a page read without a kernel.
@@ -19,6 +20,7 @@ from ..steplog import StepRecord, queue_states
 STATE_COLORS = {
     "prefill": "#4c72b0",  # blue: a chunk of the prompt
     "decode": "#55a868",  # green: one new token
+    "verify": "#8172b3",  # purple: a new token and drafts checked with it (speculative decoding)
     "recompute": "#dd8452",  # orange: redoing KV lost to a preemption
     "preempted": "#c44e52",  # red: preempted in this step
     "stalled": "#b0b0b0",  # grey: running, but no tokens left in the budget for it
