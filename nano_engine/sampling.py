@@ -27,7 +27,7 @@ bias, penalty, min_tokens or logprobs) takes one argmax over all rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -282,6 +282,35 @@ def process_row(raw: torch.Tensor, p: SamplingParams, prompt_ids: Sequence[int],
 
 
 # ----- speculative decoding: verify the drafts -----
+
+def rejection_sample(target_probs: torch.Tensor, draft_ids: Sequence[int], uniforms: Sequence[float],
+                     sample: Callable[[torch.Tensor], int], draft_probs: torch.Tensor | None = None) -> list[int]:
+    """vLLM's rejection sampler for one request (`vllm/v1/sample/rejection_sampler.py`), written out.
+
+    target_probs (d + 1, V): the model's distribution p at each draft's position and after the last;
+    draft_ids: the d drafts; uniforms: d numbers in [0, 1), one per test; sample(probs): a token
+    drawn from a distribution (V,) that sums to 1; draft_probs (d, V): the proposer's q, or None
+    for a proposer sure of its drafts (n-gram: q is one-hot on the draft).
+
+    Draft j is kept when uniforms[j] < p(x) / q(x) (so with probability min(1, p(x) / q(x)); a draft
+    the model gives probability 0 never is). The first one refused is replaced by a token drawn from
+    max(0, p - q), normalised, and nothing after it counts; if all are kept, one more token (the
+    bonus) is drawn from the last row. Each position's token is then distributed exactly as p.
+    The engine checks n-gram drafts with `verify`, the same rule drawn in another order.
+    """
+    out = []
+    for j, x in enumerate(draft_ids):
+        p = target_probs[j]
+        q = draft_probs[j] if draft_probs is not None else torch.zeros_like(p).index_fill_(0, torch.tensor([x]), 1.0)
+        if q[x] > 0 and uniforms[j] < float(p[x] / q[x]):
+            out.append(int(x))
+            continue
+        residual = (p - q).clamp(min=0)
+        out.append(int(sample(residual / residual.sum())))
+        return out
+    out.append(int(sample(target_probs[len(draft_ids)])))
+    return out
+
 
 def verify(logits: torch.Tensor, drafts: Sequence[int], p: SamplingParams, generator: torch.Generator | None,
            prompt_ids: Sequence[int], output_ids: Sequence[int], eos_token_ids: Sequence[int] = (),
