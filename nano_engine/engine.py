@@ -370,6 +370,8 @@ class LLMEngine:
                 req.num_computed -= len(drafts) - accepted
                 self._count_drafts(len(drafts), accepted)
                 self._drafts.append((req.request_id, len(drafts), accepted))
+                req.num_draft_tokens += len(drafts)
+                req.num_accepted_tokens += accepted
             reason = None
             for token, lp in zip(tokens, logprobs):
                 reason = self._append(req, token, lp, now)

@@ -63,13 +63,18 @@ GEN_DOCS = [
     {"question": "How many days are in a week?", "answer": "seven"},
 ]
 MC_TASK, GEN_TASK = "nano_engine_clients_mc", "nano_engine_clients_gen"
-MC_YAML = """\
+# Both tasks read their documents from a local JSON-lines file (no hub): lm-eval's `json` dataset.
+TASK_HEAD = """\
 task: {task}
 dataset_path: json
 dataset_kwargs:
   data_files:
     test: {data}
 test_split: test
+metadata:
+  version: 1.0
+"""
+MC_YAML = TASK_HEAD + """\
 output_type: multiple_choice
 doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
 doc_to_choice: "{{{{choices}}}}"
@@ -81,16 +86,8 @@ metric_list:
   - metric: acc_norm
     aggregation: mean
     higher_is_better: true
-metadata:
-  version: 1.0
 """
-GEN_YAML = """\
-task: {task}
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
+GEN_YAML = TASK_HEAD + """\
 output_type: generate_until
 doc_to_text: "Q: {{{{question}}}}\\nA:"
 doc_to_target: "{{{{answer}}}}"
@@ -104,8 +101,6 @@ metric_list:
     higher_is_better: true
     ignore_case: true
     ignore_punctuation: true
-metadata:
-  version: 1.0
 """
 
 

@@ -283,3 +283,20 @@ def test_structured_output_is_refused_by_name_without_a_tokenizer_or_with_two_gr
     with pytest.raises(ValueError, match="structured_outputs needs a tokenizer"):
         engine.add_request([1, 2, 3], SamplingParams(structured_outputs={"regex": "[0-9]+"}))
     assert not engine.requests and engine.block_pool.num_free == engine.block_pool.num_blocks
+
+
+def test_each_request_counts_its_drafts_checked_and_kept(tiny):
+    """Per request (Request.num_draft_tokens, num_accepted_tokens) and per step (StepRecord.drafts), adding up
+    to the engine's spec_decode counters."""
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 8, 9, 8, 9], [3, 4, 5]]
+    engine = LLMEngine(tiny, speculative_config={"num_speculative_tokens": 3, "prompt_lookup_max": 2,
+                                                 "prompt_lookup_min": 1})
+    out = engine.generate(prompts, SamplingParams(max_tokens=20, ignore_eos=True))
+    s = engine.stats
+    assert sum(r.num_draft_tokens for r in out) == s.spec_num_draft_tokens > 0
+    assert sum(r.num_accepted_tokens for r in out) == s.spec_num_accepted_tokens == sum(s.spec_accepted_per_pos)
+    steps = [d for rec in engine.step_log for d in rec.drafts]
+    assert len(steps) == s.spec_num_drafts and sum(d for _, d, _ in steps) == s.spec_num_draft_tokens
+    assert all(0 <= kept <= d for _, d, kept in steps)
+    for r in out:  # a request's own figures are its steps'
+        assert r.num_accepted_tokens == sum(k for rid, _, k in steps if rid == r.request_id)

@@ -59,6 +59,8 @@ class RequestOutput:
     # With prompt_logprobs: one per prompt token (None for the first), in the request's first output
     prompt_logprobs: list | None = None
     first_scheduled_time: float | None = None  # time.perf_counter() when its first step began
+    num_draft_tokens: int = 0  # speculative decoding: drafts checked so far, and of them kept
+    num_accepted_tokens: int = 0
 
 
 class EngineDeadError(RuntimeError):
@@ -372,7 +374,8 @@ class AsyncLLM:
                 logprobs=list(req.logprobs[stream.num_sent:]) if sp.logprobs is not None else None,
                 prompt_logprobs=(list(req.prompt_logprobs) if sp.prompt_logprobs is not None and not stream.sent_any
                                  else None),
-                first_scheduled_time=req.first_scheduled_time)
+                first_scheduled_time=req.first_scheduled_time, num_draft_tokens=req.num_draft_tokens,
+                num_accepted_tokens=req.num_accepted_tokens)
             stream.sent_any = True
             stream.num_sent = len(req.output_ids)
             if req.is_finished:
