@@ -307,7 +307,8 @@ class LLMEngine:
             if drafts:
                 c.kind = "verify"  # a decode with drafts to check (the timelines' colour)
             num_logits = c.n if _wants_prompt_rows(req, c) else (1 + len(drafts) if drafts else None)
-            chunks.append(SeqChunk((req.all_token_ids + drafts)[c.start:c.start + c.n], c.start, req.block_ids,
+            tokens = (req.all_token_ids + drafts if drafts else req.all_token_ids)[c.start:c.start + c.n]
+            chunks.append(SeqChunk(tokens, c.start, req.block_ids,
                                    sample=c.start + c.n >= req.num_tokens, num_logits=num_logits))
         return chunks
 

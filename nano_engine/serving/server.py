@@ -281,7 +281,6 @@ class OpenAIServing:
         check_supported(req)
         prompts, prompt_param = self._prompts(req)
         planned = [self._sampling_params(req, len(p.ids), prompt_param) for p in prompts]  # all checked first
-        max_param = planned[0][1]
         policy = self.llm.engine.config.scheduler_config.policy
         if req.priority != 0 and policy != "priority":
             raise APIError(f"priority={req.priority} needs --scheduling-policy priority (this server runs "
@@ -303,11 +302,16 @@ class OpenAIServing:
         except BaseException as e:
             for c in choices:
                 c.stream.abort()
-            raise self._engine_error(e, req, max_param, prompt_param) from e
+            raise self._engine_error(e, req) from e
         return rid, choices, prompts
 
     @staticmethod
-    def _engine_error(e: BaseException, req, max_param: str, prompt_param: str) -> BaseException:
+    def _engine_error(e: BaseException, req) -> BaseException:
+        """The API error for what the engine raised at a request of `req` (its refusals name the
+        request's own fields); anything else as it is."""
+        chat = isinstance(req, ChatCompletionRequest)
+        prompt_param = "messages" if chat else "prompt"
+        max_param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
         if isinstance(e, EngineDeadError):
             return APIError(str(e), None, 503, "ServiceUnavailableError")
         if isinstance(e, (TypeError, ValueError)):
@@ -464,7 +468,7 @@ class OpenAIServing:
         try:
             await asyncio.gather(*(c.drain() for c in choices))
         except (EngineDeadError, TypeError, ValueError) as e:
-            raise self._engine_error(e, req, "max_tokens", "prompt") from e
+            raise self._engine_error(e, req) from e
         finally:
             for c in choices:
                 c.stream.abort()
@@ -502,7 +506,7 @@ class OpenAIServing:
                     left -= 1
                     continue
                 if isinstance(out, BaseException):
-                    raise self._engine_error(out, req, "max_tokens", "prompt")
+                    raise self._engine_error(out, req)
                 c.take(out)
                 if not echo_only:
                     c.pending_ids += out.new_token_ids
