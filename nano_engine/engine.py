@@ -30,7 +30,7 @@ from .runner import ATTENTION_BACKENDS, ModelRunner, SeqChunk, build_batch
 from . import sampling
 from .sampling import SamplingMetadata, sample
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from .spec_decode import NgramProposer, SpeculativeConfig
+from .spec_decode import SpeculativeConfig, make_proposer
 from .steplog import EngineStats, StepRecord
 
 
@@ -105,7 +105,7 @@ class LLMEngine:
         self.block_pool = (block_pool_cls or BlockPool)(cache.num_blocks, cache.enable_prefix_caching)
         self.scheduler = (scheduler_cls or scheduler_class(sched.policy))(sched, self.block_pool, cache.block_size)
         spec = self.config.speculative_config
-        self.proposer = NgramProposer(spec) if spec is not None else None
+        self.proposer = make_proposer(spec, model, self.runner.attention_backend) if spec is not None else None
         eos = model.config.eos_token_id
         self.eos_token_ids = {eos} if isinstance(eos, int) else set(eos or ())
         self.requests: dict[str, Request] = {}  # unfinished ones, and finished ones not yet released
@@ -237,6 +237,8 @@ class LLMEngine:
         finish_reason = checks.choice("finish_reason", finish_reason, ("abort", "stop"))
         if not req.is_finished:
             self.scheduler.finish(req, finish_reason)
+            if self.proposer is not None:
+                self.proposer.forget(req.request_id)
             if request_id in self._added:  # no step has seen it: it leaves no trace in the log
                 self._added.remove(request_id)
             else:
@@ -304,6 +306,8 @@ class LLMEngine:
             # Drafts the budget cut short are dropped (vLLM trims spec_token_ids the same way).
             del req.spec_token_ids[max(0, c.start + c.n - req.num_tokens):]
             drafts = req.spec_token_ids
+            if req.spec_draft_probs is not None:  # their q rows, as many as are left (none after a preemption)
+                req.spec_draft_probs = req.spec_draft_probs[:len(drafts)] if drafts else None
             if drafts:
                 c.kind = "verify"  # a decode with drafts to check (the timelines' colour)
             num_logits = c.n if _wants_prompt_rows(req, c) else (1 + len(drafts) if drafts else None)
@@ -321,7 +325,11 @@ class LLMEngine:
             n = int(chunk.sample) if chunk.num_logits is None else chunk.num_logits
             if chunk.num_logits == c.n and _wants_prompt_rows(req, c):
                 self._prompt_logprobs(req, c, logits[row:row + n])
-            if chunk.sample and req.spec_token_ids:
+            if chunk.sample and req.spec_draft_probs is not None:  # sampled drafts: checked with their q
+                tokens[req.request_id] = sampling.verify_probabilistic(
+                    logits[row:row + n], req.spec_token_ids, req.spec_draft_probs, req.sampling_params,
+                    req.generator, req.prompt_ids, req.output_ids, sorted(self.eos_token_ids), req.bad_words_token_ids)
+            elif chunk.sample and req.spec_token_ids:
                 tokens[req.request_id] = sampling.verify(
                     logits[row:row + n], req.spec_token_ids, req.sampling_params, req.generator, req.prompt_ids,
                     req.output_ids, sorted(self.eos_token_ids), req.bad_words_token_ids)
@@ -337,11 +345,13 @@ class LLMEngine:
     def _propose(self, samplers: list[Request]) -> None:
         """Drafts for the next step of each request that sampled and goes on: no more than would
         take it past max_tokens with the token of its own the next step adds."""
+        self.proposer.retain({rid for rid, r in self.requests.items() if not r.is_finished})
         for req in samplers:
             if req.is_finished or req.grammar is not None:
                 continue
             room = req.sampling_params.max_tokens - len(req.output_ids) - 1
-            req.spec_token_ids = self.proposer.propose(req.all_token_ids, room) if room > 0 else []
+            if room > 0:
+                req.spec_token_ids, req.spec_draft_probs = self.proposer.propose(req, room)
 
     def _prompt_logprobs(self, req: Request, c, logits: torch.Tensor) -> None:
         """Record the prompt logprobs from the rows (one per token) of this chunk. The row of
@@ -365,7 +375,7 @@ class LLMEngine:
             req = c.request
             req.num_computed = c.start + c.n
             tokens, logprobs = sampled.get(req.request_id, ((), ()))
-            drafts, req.spec_token_ids = req.spec_token_ids, []
+            drafts, req.spec_token_ids, req.spec_draft_probs = req.spec_token_ids, [], None
             if drafts and tokens:  # the refused drafts' KV is no longer the request's
                 accepted = len(tokens) - 1
                 req.num_computed -= len(drafts) - accepted

@@ -441,6 +441,11 @@ class ContiguousKVCache:
     def __len__(self) -> int:
         return self.k[0].shape[0] if self.k else 0
 
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` tokens' K and V (a draft model forgets its refused drafts)."""
+        self.k = [t[:length] for t in self.k]
+        self.v = [t[:length] for t in self.v]
+
     def attend(self, layer: int, q, k, v):
         if layer == len(self.k):
             self.k.append(k), self.v.append(v)

@@ -189,6 +189,8 @@ class Request:
     grammar: object | None = field(default=None, repr=False)  # structured.Matcher, with structured_outputs
     # Draft tokens proposed after the last step (speculative decoding): checked in the next one
     spec_token_ids: list[int] = field(default_factory=list)
+    # Their q rows (d, V) when a draft model sampled them (draft_sample_method "probabilistic"), else None
+    spec_draft_probs: torch.Tensor | None = field(default=None, repr=False)
     num_draft_tokens: int = 0  # drafts checked so far
     num_accepted_tokens: int = 0  # of them, kept
     # The output's text, made by the engine as tokens come, for requests with stop strings

@@ -306,7 +306,9 @@ def rejection_sample(target_probs: torch.Tensor, draft_ids: Sequence[int], unifo
             out.append(int(x))
             continue
         residual = (p - q).clamp(min=0)
-        out.append(int(sample(residual / residual.sum())))
+        total = float(residual.sum())
+        # p and q equal but for rounding leave no residual: then p itself (what it stands for)
+        out.append(int(sample(residual / total if total > 0 else p)))
         return out
     out.append(int(sample(target_probs[len(draft_ids)])))
     return out
@@ -343,4 +345,30 @@ def verify(logits: torch.Tensor, drafts: Sequence[int], p: SamplingParams, gener
         history.append(token)
         if j == len(drafts) or token != drafts[j]:
             break
+    return tokens, logprobs
+
+
+def verify_probabilistic(logits: torch.Tensor, drafts: Sequence[int], draft_probs: torch.Tensor, p: SamplingParams,
+                         generator: torch.Generator | None, prompt_ids: Sequence[int], output_ids: Sequence[int],
+                         eos_token_ids: Sequence[int] = (), bad_words: Sequence[Sequence[int]] = ()
+                         ) -> tuple[list[int], list[SampleLogprobs | None]]:
+    """`verify` for drafts sampled from a proposer's q (draft_probs (d, V)): rejection sampling
+    proper (`rejection_sample`). Row j's p is the request's own distribution after the drafts before
+    it (its penalties see them: a kept prefix is exactly those drafts); d uniforms come first from the
+    request's generator, then the one draw of the correction or the bonus. Each token is then
+    distributed as p, and a seeded request gets the same tokens in any batch, but not the tokens it
+    gets without drafts (the generator's stream is used otherwise)."""
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    history, target = list(output_ids), []
+    for j in range(len(drafts) + 1):
+        row = process_row(logits[j].to(dtype), p, prompt_ids, history, eos_token_ids, bad_words)
+        target.append(distribution(row, p.temperature, p.top_k, p.top_p, p.min_p))
+        if j < len(drafts):
+            history.append(drafts[j])
+    uniforms = torch.rand(len(drafts), generator=generator, dtype=torch.float64).tolist()
+    tokens = rejection_sample(torch.stack(target), drafts, uniforms,
+                              lambda probs: int(torch.multinomial(probs, 1, generator=generator)),
+                              draft_probs.to(torch.float32))
+    logprobs = [None if p.logprobs is None else token_logprobs(logits[j].to(dtype), t, p.logprobs)
+                for j, t in enumerate(tokens)]
     return tokens, logprobs

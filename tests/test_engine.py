@@ -4,12 +4,13 @@ swapped-in Scheduler that orders its chunks its own way, generate()'s guard agai
 that schedules nothing, reset_prefix_cache() and from_pretrained(). (A failing step, abort and bad
 input: test_errors.py.)"""
 
+import copy
 import time
 
 import pytest
 import torch
 
-from nano_engine import LLMEngine, SamplingParams, Scheduler
+from nano_engine import LLMEngine, SamplingParams, Scheduler, generate
 from nano_engine.mini_llm import Transformer
 from nano_engine.scheduler import SchedulerOutput
 from nano_engine.tiny import tiny_model
@@ -300,3 +301,63 @@ def test_each_request_counts_its_drafts_checked_and_kept(tiny):
     assert all(0 <= kept <= d for _, d, kept in steps)
     for r in out:  # a request's own figures are its steps'
         assert r.num_accepted_tokens == sum(k for rid, _, k in steps if rid == r.request_id)
+
+
+def _draft_of(model, scale=0.1, seed=7):
+    draft = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * scale)
+    return draft
+
+
+def test_a_draft_model_that_samples_its_drafts_keeps_a_seeded_request_reproducible_in_any_batch(tiny):
+    """draft_sample_method "probabilistic": a seeded request gets the same tokens alone and among others
+    under preemption and chunking (its drafts, uniforms and draws come from its own generator), a
+    greedy one gets generate's, more drafts are kept than by checking the same drafter's argmax, and
+    the draft model forgets each request once it is gone."""
+    spec = {"model": _draft_of(tiny), "num_speculative_tokens": 4, "draft_sample_method": "probabilistic"}
+    seeded = SamplingParams(max_tokens=24, temperature=0.9, seed=11, ignore_eos=True)
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12], [13, 14]]
+    params = [seeded, SamplingParams(max_tokens=24, temperature=1.0, seed=3, ignore_eos=True),
+              SamplingParams(max_tokens=24, ignore_eos=True),
+              SamplingParams(max_tokens=24, temperature=0.7, top_k=5, seed=5, ignore_eos=True)]
+    alone = LLMEngine(tiny, speculative_config=spec).generate([prompts[0]], seeded)[0].output_ids
+    busy = LLMEngine(tiny, speculative_config=spec, num_blocks=10, block_size=4, max_num_batched_tokens=6)
+    out = busy.generate(prompts, params)
+    assert busy.stats.preemptions > 0 and busy.stats.spec_num_accepted_tokens > 0
+    assert out[0].output_ids == alone
+    assert out[2].output_ids == generate(tiny, prompts[2], 24)
+    assert busy.proposer.caches == {} and busy.block_pool.num_free == busy.block_pool.num_blocks
+    greedy_drafts = LLMEngine(tiny, speculative_config={**spec, "draft_sample_method": "greedy"})
+    greedy_drafts.generate(prompts, params)
+    rate = lambda s: s.spec_num_accepted_tokens / s.spec_num_draft_tokens
+    assert rate(busy.stats) > rate(greedy_drafts.stats)
+
+
+def test_the_target_as_its_own_draft_model_has_every_draft_kept(tiny):
+    """A draft model equal to the target proposes what the target decodes: with greedy requests every
+    draft is kept, in any chunking and across preemptions (the drafter's own cache follows each
+    request: refused drafts cut off, new tokens fed once)."""
+    spec = {"model": tiny, "num_speculative_tokens": 3}
+    engine = LLMEngine(tiny, speculative_config=spec, num_blocks=7, block_size=4, max_num_batched_tokens=7)
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12]]
+    out = engine.generate(prompts, SamplingParams(max_tokens=20, ignore_eos=True))
+    s = engine.stats
+    assert s.preemptions > 0 and s.spec_num_draft_tokens > 20
+    assert s.spec_num_accepted_tokens == s.spec_num_draft_tokens
+    assert [r.output_ids for r in out] == [generate(tiny, p, 20) for p in prompts]
+
+
+def test_a_draft_model_is_refused_by_name_when_it_cannot_draft(tiny):
+    with pytest.raises(ValueError, match="vocabulary of 32"):
+        LLMEngine(tiny, speculative_config={"model": tiny_model(vocab_size=32)})
+    with pytest.raises(ValueError, match="needs a model"):
+        LLMEngine(tiny, speculative_config={"method": "draft_model"})
+    with pytest.raises(ValueError, match="ngram method takes none"):
+        LLMEngine(tiny, speculative_config={"method": "ngram", "model": tiny})
+    with pytest.raises(ValueError, match="draft_sample_method"):
+        LLMEngine(tiny, speculative_config={"model": tiny, "draft_sample_method": "beam"})
+    with pytest.raises(ValueError, match="prompt_lookup_max"):
+        LLMEngine(tiny, speculative_config={"model": tiny, "prompt_lookup_max": 3})

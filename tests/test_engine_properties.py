@@ -13,6 +13,7 @@ taken, so that a change to the strategies cannot quietly stop testing one. Run l
 HYPOTHESIS_PROFILE=long (tests/conftest.py).
 """
 
+import copy
 import dataclasses
 import math
 import os
@@ -189,6 +190,7 @@ def run_scenario(block_size, reqs, cfg) -> set[str]:
         if not sp.greedy and req.output_ids:
             paths.add("sampled request")
     assert engine.block_pool.num_free == cfg["num_blocks"]
+    assert not getattr(engine.proposer, "caches", None), "a draft model kept a finished request's cache"
     if engine.stats.spec_num_accepted_tokens:
         paths.add("drafts accepted")
     if engine.stats.spec_num_accepted_tokens < engine.stats.spec_num_draft_tokens:
@@ -209,20 +211,39 @@ def test_engine_equals_single_request_runs(scenario):
         event(path)
 
 
+def perturbed(model, scale: float, seed: int):
+    """A copy of `model` with noise on every weight: a draft model that agrees with it often, not always."""
+    draft = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * scale)
+    return draft
+
+
+DRAFT = perturbed(MODEL, 0.1, seed=7)
+
+
 @st.composite
 def speculative_scenarios(draw):
     block_size, reqs, cfg = draw(scenarios())
-    spec = {"num_speculative_tokens": draw(st.integers(1, 5)), "prompt_lookup_max": draw(st.integers(1, 3))}
-    spec["prompt_lookup_min"] = draw(st.integers(1, spec["prompt_lookup_max"]))
+    k = draw(st.integers(1, 5))
+    if draw(st.booleans()):
+        spec = {"num_speculative_tokens": k, "prompt_lookup_max": draw(st.integers(1, 3))}
+        spec["prompt_lookup_min"] = draw(st.integers(1, spec["prompt_lookup_max"]))
+    else:  # a draft model, drafting greedily (vLLM's default): q one-hot
+        spec = {"method": "draft_model", "model": DRAFT, "num_speculative_tokens": k}
     return block_size, reqs, {**cfg, "speculative_config": spec}
 
 
-@settings(max_examples=200 if LONG else 20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200 if LONG else 24, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(speculative_scenarios())
 def test_speculative_decoding_changes_no_token_and_returns_every_block(scenario):
-    """With n-gram drafts (any k and n-gram lengths), under every setting above: each request gets the
-    tokens it gets alone without drafts (greedy: generate's; seeded: the same draws), the scheduler's
-    invariants hold with drafts in the budget, and every block comes back (refused drafts' included)."""
+    """With n-gram drafts (any k and n-gram lengths) or a draft model's, under every setting above:
+    each request gets the tokens it gets alone without drafts (greedy: generate's; seeded: the same
+    draws), the scheduler's invariants hold with drafts in the budget, and every block comes back
+    (refused drafts' included)."""
+    event(f"proposer: {scenario[2]['speculative_config'].get('method', 'ngram')}")
     for path in run_scenario(*scenario):
         event(path)
 

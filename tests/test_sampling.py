@@ -207,3 +207,34 @@ def test_verifying_drafts_keeps_every_positions_distribution():
     greedy = SamplingParams(max_tokens=8)
     assert verify(logits, [0], greedy, None, [], [])[0] == [0, 2]
     assert verify(logits, [3], greedy, None, [], [])[0] == [0]
+
+
+def test_rejection_sampling_with_the_drafts_q_keeps_p_and_accepts_the_overlap():
+    """Drafts sampled from a draft model's q (not certain): over many seeded draws the first token is
+    distributed as p and the bonus after a kept draft as the next row's p (chi-square), and a draft is
+    kept with probability sum(min(p, q)), more than the p(draft) that checking it as certain gives."""
+    from nano_engine.sampling import verify_probabilistic
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5], [0.3, -1.0, 1.2, 0.0, 0.8]])
+    params = SamplingParams(max_tokens=8, temperature=0.8)
+    p0, p1 = (logits / 0.8).softmax(-1).double()
+    q = torch.tensor([0.1, 0.5, 0.2, 0.05, 0.15], dtype=torch.float64)
+    n = 6000
+    first, bonus, kept = torch.zeros(5, dtype=torch.float64), torch.zeros(5, dtype=torch.float64), 0
+    for seed in range(n):
+        gen = torch.Generator().manual_seed(seed)
+        draft = int(torch.multinomial(q, 1, generator=gen))
+        tokens, _ = verify_probabilistic(logits, [draft], q[None], params, gen, [], [])
+        first[tokens[0]] += 1
+        if len(tokens) == 2:
+            kept += 1
+            bonus[tokens[1]] += 1
+
+    def chi2(counts, p):
+        return float(((counts - counts.sum() * p) ** 2 / (counts.sum() * p)).sum())
+
+    assert chi2(first, p0) < 18.5  # 4 degrees of freedom: p = 0.001
+    assert chi2(bonus, p1) < 18.5
+    overlap = float(torch.minimum(p0, q).sum())
+    assert abs(kept / n - overlap) < 4 * math.sqrt(overlap * (1 - overlap) / n)
+    assert overlap > float((p0 * q).sum()) + 0.1  # what a one-hot check of the same drafts would keep

@@ -181,3 +181,18 @@ def test_to_vllm_dtype_names_and_refusals():
         to_vllm({"max_num_seqs": 4})
     with pytest.raises(ValueError, match=r"policy='static' has no vLLM counterpart.*\('fcfs', 'priority'\)"):
         to_vllm(EngineConfig.from_settings(policy="static"))
+
+
+def test_a_speculative_config_goes_to_vllm_as_the_json_it_takes(tmp_path):
+    """vLLM's --speculative-config gets the same method and fields (a draft model by its path), and the
+    JSON reads back as the same setting here; a draft model held in memory has no path to give."""
+    from nano_engine.spec_decode import SpeculativeConfig
+    from nano_engine.tiny import tiny_model
+
+    for spec in ({"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3, "prompt_lookup_min": 2},
+                 {"model": str(tmp_path), "num_speculative_tokens": 2, "draft_sample_method": "probabilistic"}):
+        sent = json.loads(to_vllm(EngineConfig(speculative_config=spec))["speculative_config"])
+        assert SpeculativeConfig.of(sent) == SpeculativeConfig.of(spec)
+        assert sent["method"] == ("ngram" if "method" in spec else "draft_model")
+    with pytest.raises(ValueError, match="path"):
+        to_vllm(EngineConfig(speculative_config={"model": tiny_model()}))

@@ -84,7 +84,7 @@ def to_vllm(config: EngineConfig, dtype: str | None = None, max_model_len: int |
         args["max_model_len"] = max_model_len
     spec = config.speculative_config
     if spec is not None:  # vLLM's --speculative-config takes the same JSON
-        args["speculative_config"] = json.dumps(dataclasses.asdict(spec))
+        args["speculative_config"] = json.dumps(spec.to_vllm())
     return args
 
 
