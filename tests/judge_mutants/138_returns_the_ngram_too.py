@@ -1,0 +1,13 @@
+"""Mutant of exercise 138: the matched n-gram is returned with the tokens after it."""
+
+EXPECTED_HINT = "the drafts are [9, 1]"
+
+
+def propose_ngram(tokens, k, min_n, max_n):
+    total = len(tokens)
+    for n in range(min(max_n, total - 1), min_n - 1, -1):
+        tail = list(tokens[total - n:])
+        for i in range(0, total - n):
+            if list(tokens[i:i + n]) == tail:
+                return list(tokens[i:i + n + k])[:k]  # MUTANT: starts at the match
+    return []
