@@ -231,7 +231,7 @@ class OpenAIServing:
             prompts = [_Prompt(p.ids[-keep:], p.text if len(p.ids) <= keep else None) for p in prompts]
         return prompts, param
 
-    def _sampling_params(self, req, num_prompt: int, prompt_param: str) -> tuple[SamplingParams, str]:
+    def _sampling_params(self, req, num_prompt: int, prompt_param: str) -> SamplingParams:
         """The request's SamplingParams, which check every value (a refusal names its field)."""
         chat = isinstance(req, ChatCompletionRequest)
         max_tokens, max_param = req.max_tokens, "max_tokens"
@@ -271,7 +271,7 @@ class OpenAIServing:
                 prompt_logprobs=prompt_logprobs, structured_outputs=structured)
         except (TypeError, ValueError) as e:
             raise APIError(str(e), param_of(e, {"max_tokens": max_param, "structured_outputs": structured_param})) from e
-        return params, max_param
+        return params
 
     async def _start(self, req, kind: str) -> tuple[str, list[_Choice], list[_Prompt]]:
         """Check the request, then hand the engine one request per choice: n per prompt, child i of a
@@ -288,7 +288,7 @@ class OpenAIServing:
         rid = f"{kind}-{uuid.uuid4().hex}"
         choices: list[_Choice] = []
         try:
-            for p, (prompt, (params, _)) in enumerate(zip(prompts, planned)):
+            for p, (prompt, params) in enumerate(zip(prompts, planned)):
                 base = rid if len(prompts) == 1 else f"{rid}-{p}"
                 first = None
                 for i in range(req.n):
