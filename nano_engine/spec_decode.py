@@ -37,6 +37,7 @@ import torch
 
 from . import checks, sampling
 from .mini_llm import ContiguousKVCache, Transformer
+from .models.files import ModelLoadError
 
 METHODS = ("ngram", "draft_model")
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
@@ -146,7 +147,10 @@ def load_draft_model(config: SpeculativeConfig, target: Transformer) -> Transfor
     target: the same vocabulary (drafts are the target's token ids)."""
     draft = config.model
     if not isinstance(draft, Transformer):
-        draft = Transformer.from_pretrained(draft, dtype=target.dtype)
+        try:
+            draft = Transformer.from_pretrained(draft, dtype=target.dtype)
+        except ModelLoadError as e:  # say which model: the draft, not the one being served
+            raise type(e)(f"speculative_config model: {e}") from e
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"speculative_config model has a vocabulary of {draft.config.vocab_size} tokens; the "
                          f"target's has {target.config.vocab_size} (a draft model must share its tokenizer)")

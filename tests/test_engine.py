@@ -350,7 +350,9 @@ def test_the_target_as_its_own_draft_model_has_every_draft_kept(tiny):
     assert [r.output_ids for r in out] == [generate(tiny, p, 20) for p in prompts]
 
 
-def test_a_draft_model_is_refused_by_name_when_it_cannot_draft(tiny):
+def test_a_draft_model_is_refused_by_name_when_it_cannot_draft(tiny, tmp_path):
+    with pytest.raises(FileNotFoundError, match="speculative_config model: no model at"):
+        LLMEngine(tiny, speculative_config={"model": str(tmp_path / "nowhere")})
     with pytest.raises(ValueError, match="vocabulary of 32"):
         LLMEngine(tiny, speculative_config={"model": tiny_model(vocab_size=32)})
     with pytest.raises(ValueError, match="needs a model"):
