@@ -83,7 +83,8 @@ class SpeculativeConfig:
         if self.model is None:
             raise ValueError("speculative_config method 'draft_model' needs a model: a path or a loaded Transformer")
         if not isinstance(self.model, (str, os.PathLike, Transformer)):
-            raise TypeError(f"speculative_config model must be a path or a Transformer, got {type(self.model).__name__}")
+            raise TypeError(f"speculative_config model must be a path or a Transformer, "
+                            f"got {type(self.model).__name__}")
         for name in ("prompt_lookup_max", "prompt_lookup_min"):
             if getattr(self, name) is not None:
                 raise ValueError(f"speculative_config {name} is the ngram method's; a draft model takes none")

@@ -3,6 +3,8 @@ milliseconds. Float64 by default, so that exact token identity never hinges on r
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from . import checks
@@ -31,3 +33,15 @@ def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float64, vocab_size: in
             # Larger than nn.Linear's default init, so that greedy outputs vary from token to token.
             p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
     return model.to(dtype).eval()
+
+
+def perturbed(model: Transformer, scale: float, seed: int = 0) -> Transformer:
+    """A copy of `model` with Gaussian noise of standard deviation `scale` added to every weight:
+    a draft model that agrees with it often but not always (speculative decoding's tests and 8.2)."""
+    seed = checks.integer("seed", seed, minimum=SEED_MIN, maximum=SEED_MAX)
+    draft = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype) * scale)
+    return draft

@@ -4,7 +4,6 @@ swapped-in Scheduler that orders its chunks its own way, generate()'s guard agai
 that schedules nothing, reset_prefix_cache() and from_pretrained(). (A failing step, abort and bad
 input: test_errors.py.)"""
 
-import copy
 import time
 
 import pytest
@@ -13,7 +12,7 @@ import torch
 from nano_engine import LLMEngine, SamplingParams, Scheduler, generate
 from nano_engine.mini_llm import Transformer
 from nano_engine.scheduler import SchedulerOutput
-from nano_engine.tiny import tiny_model
+from nano_engine.tiny import perturbed, tiny_model
 
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
 # Prompts that make chunked prefill, decodes and (with 10 blocks of 4) preemption meet in one run.
@@ -303,21 +302,12 @@ def test_each_request_counts_its_drafts_checked_and_kept(tiny):
         assert r.num_accepted_tokens == sum(k for rid, _, k in steps if rid == r.request_id)
 
 
-def _draft_of(model, scale=0.1, seed=7):
-    draft = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * scale)
-    return draft
-
-
 def test_a_draft_model_that_samples_its_drafts_keeps_a_seeded_request_reproducible_in_any_batch(tiny):
     """draft_sample_method "probabilistic": a seeded request gets the same tokens alone and among others
     under preemption and chunking (its drafts, uniforms and draws come from its own generator), a
     greedy one gets generate's, more drafts are kept than by checking the same drafter's argmax, and
     the draft model forgets each request once it is gone."""
-    spec = {"model": _draft_of(tiny), "num_speculative_tokens": 4, "draft_sample_method": "probabilistic"}
+    spec = {"model": perturbed(tiny, 0.1, seed=7), "num_speculative_tokens": 4, "draft_sample_method": "probabilistic"}
     seeded = SamplingParams(max_tokens=24, temperature=0.9, seed=11, ignore_eos=True)
     prompts = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12], [13, 14]]
     params = [seeded, SamplingParams(max_tokens=24, temperature=1.0, seed=3, ignore_eos=True),

@@ -13,7 +13,6 @@ taken, so that a change to the strategies cannot quietly stop testing one. Run l
 HYPOTHESIS_PROFILE=long (tests/conftest.py).
 """
 
-import copy
 import dataclasses
 import math
 import os
@@ -27,7 +26,7 @@ from hypothesis import strategies as st
 
 from nano_engine import LLMEngine, SamplingParams, generate
 from nano_engine.paged import block_hashes
-from nano_engine.tiny import tiny_model
+from nano_engine.tiny import perturbed, tiny_model
 
 MODEL = tiny_model(seed=1)
 LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
@@ -209,16 +208,6 @@ def scenarios(draw):
 def test_engine_equals_single_request_runs(scenario):
     for path in run_scenario(*scenario):
         event(path)
-
-
-def perturbed(model, scale: float, seed: int):
-    """A copy of `model` with noise on every weight: a draft model that agrees with it often, not always."""
-    draft = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * scale)
-    return draft
 
 
 DRAFT = perturbed(MODEL, 0.1, seed=7)
