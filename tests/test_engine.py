@@ -340,6 +340,21 @@ def test_the_target_as_its_own_draft_model_has_every_draft_kept(tiny):
     assert [r.output_ids for r in out] == [generate(tiny, p, 20) for p in prompts]
 
 
+def test_a_draft_model_folder_loads_in_the_targets_dtype_and_drafts(tmp_path):
+    """speculative_config's model as a path (serve --speculative-config '{"model": "/path"}'): loaded
+    in the served model's dtype; the same model as its own drafter keeps every greedy draft."""
+    from tiny_files import save_hf_folder
+
+    save_hf_folder(tmp_path)
+    engine = LLMEngine.from_pretrained(tmp_path, dtype=torch.bfloat16,
+                                       speculative_config={"model": str(tmp_path), "num_speculative_tokens": 3})
+    assert engine.proposer.model.dtype == torch.bfloat16 and engine.proposer.model is not engine.model
+    out = engine.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=12, ignore_eos=True))[0]
+    assert out.output_ids == generate(engine.model, [5, 6, 7, 8], 12)
+    assert engine.stats.spec_num_draft_tokens > 0
+    assert engine.stats.spec_num_accepted_tokens == engine.stats.spec_num_draft_tokens
+
+
 def test_a_draft_model_is_refused_by_name_when_it_cannot_draft(tiny, tmp_path):
     with pytest.raises(FileNotFoundError, match="speculative_config model: no model at"):
         LLMEngine(tiny, speculative_config={"model": str(tmp_path / "nowhere")})
