@@ -91,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "off by default here: the classic rule, where the first chunk is enough)")
     ap.add_argument("--speculative-config", type=_json_object, default=None,
                     help='speculative decoding, as vLLM\'s: JSON such as \'{"method": "ngram", '
-                         '"num_speculative_tokens": 3, "prompt_lookup_max": 4}\' (default: off)')
+                         '"num_speculative_tokens": 3, "prompt_lookup_max": 4}\', or a draft model\'s, '
+                         '\'{"model": "/path/to/draft", "num_speculative_tokens": 3}\' (default: off)')
     ap.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice)")
     ap.add_argument("--uvicorn-log-level", default="info",
                     choices=["critical", "error", "warning", "info", "debug", "trace"])
