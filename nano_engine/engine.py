@@ -345,7 +345,7 @@ class LLMEngine:
     def _propose(self, samplers: list[Request]) -> None:
         """Drafts for the next step of each request that sampled and goes on: no more than would
         take it past max_tokens with the token of its own the next step adds."""
-        self.proposer.retain({rid for rid, r in self.requests.items() if not r.is_finished})
+        self.proposer.retain(self.requests)
         for req in samplers:
             if req.is_finished or req.grammar is not None:
                 continue

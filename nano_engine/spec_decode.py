@@ -136,7 +136,7 @@ class NgramProposer:
         return propose_ngram(req.all_token_ids, min(k, c.num_speculative_tokens), c.prompt_lookup_min,
                              c.prompt_lookup_max), None
 
-    def retain(self, request_ids) -> None:
+    def retain(self, requests) -> None:
         """Nothing to forget: the proposer keeps no state between steps."""
 
     def forget(self, request_id: str) -> None:
@@ -174,10 +174,10 @@ class DraftModelProposer:
         self.backend = attention_backend if model.dtype in (torch.float32, torch.bfloat16) else "torch"
         self.caches: dict[str, tuple[ContiguousKVCache, list[int]]] = {}  # request_id -> (cache, its tokens)
 
-    def retain(self, request_ids) -> None:
-        """Forget the caches of requests that are gone (finished, aborted): memory stays bounded by the
-        requests in flight."""
-        for rid in [r for r in self.caches if r not in request_ids]:
+    def retain(self, requests) -> None:
+        """Forget the caches of requests that are gone (finished, aborted, released); `requests` maps
+        request ids to the engine's requests. Memory stays bounded by the requests in flight."""
+        for rid in [r for r in self.caches if r not in requests or requests[r].is_finished]:
             del self.caches[rid]
 
     def forget(self, request_id: str) -> None:

@@ -234,9 +234,8 @@ class OpenAIServing:
     def _sampling_params(self, req, num_prompt: int, prompt_param: str) -> SamplingParams:
         """The request's SamplingParams, which check every value (a refusal names its field)."""
         chat = isinstance(req, ChatCompletionRequest)
-        max_tokens, max_param = req.max_tokens, "max_tokens"
-        if getattr(req, "max_completion_tokens", None) is not None:
-            max_tokens, max_param = req.max_completion_tokens, "max_completion_tokens"
+        max_param = _max_param(req)
+        max_tokens = getattr(req, max_param)
         if not chat and req.echo and max_tokens == 0:
             max_tokens = 1  # the prompt only (vLLM's echo without generation): one token is run and dropped
         room = min(self.max_model_len - num_prompt, self.capacity - num_prompt + 1)
@@ -311,7 +310,7 @@ class OpenAIServing:
         request's own fields); anything else as it is."""
         chat = isinstance(req, ChatCompletionRequest)
         prompt_param = "messages" if chat else "prompt"
-        max_param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
+        max_param = _max_param(req)
         if isinstance(e, EngineDeadError):
             return APIError(str(e), None, 503, "ServiceUnavailableError")
         if isinstance(e, (TypeError, ValueError)):
@@ -549,6 +548,11 @@ def _reply_role(req) -> str:
     """The role of a chat reply: the assistant's, or with add_generation_prompt=false the last
     message's, which it continues (vLLM's get_chat_request_role)."""
     return "assistant" if req.add_generation_prompt else req.messages[-1].role
+
+
+def _max_param(req) -> str:
+    """The field that caps a request's output: chat's max_completion_tokens when given, else max_tokens."""
+    return "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
 
 
 def _or(value, default):
