@@ -426,6 +426,7 @@ def test_structured_output_follows_the_schema_and_leaves_the_batch_alone(server)
         server.client.chat.completions.create(model="smol", messages=ask, response_format={
             "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}})
     assert e.value.param == "response_format" and "objekt" in e.value.message
+    assert e.value.body["message"].startswith("response_format")  # the request's field, not the engine's
     assert wait_idle(server)["vllm:kv_cache_usage_perc"] == 0
 
 

@@ -199,13 +199,23 @@ def check_supported(req: _Common) -> None:
 _FIELD = re.compile(r"^([a-z_]+)")
 
 
-def param_of(error: Exception, rename: dict[str, str] | None = None) -> str | None:
-    """The request field that an engine ValueError / TypeError names (its messages start with it)."""
-    m = _FIELD.match(str(error))
+def refusal(error: Exception, rename: dict[str, str]) -> APIError:
+    """A 400 for what the engine refused, in the request's words. The engine's messages start with the
+    field they refuse; `param` is that field as the request spells it (`rename`: engine name ->
+    request field), and where the engine's field is the request's own under another name
+    (max_tokens -> max_completion_tokens, structured_outputs -> response_format) the message says it too."""
+    text = str(error)
+    m = _FIELD.match(text)
     if not m:
-        return None
+        return APIError(text, None)
     name = m.group(1)
-    return (rename or {}).get(name, name)
+    param = rename.get(name, name)
+    if name in _SAME_FIELD and param and param != name:
+        text = param + text[len(name):]
+    return APIError(text, param)
+
+
+_SAME_FIELD = {"max_tokens", "structured_outputs"}
 
 
 def validation_error(errors: list[dict]) -> APIError:

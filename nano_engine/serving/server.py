@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .async_llm import AsyncLLM, EngineDeadError, RequestOutput, RequestStream
 from .protocol import (COMPLETION_MAX_TOKENS, MAX_CHOICES, APIError, ChatCompletionRequest, CompletionRequest,
-                       DetokenizeRequest, TokenizeRequest, called_tools, check_supported, param_of, structured_outputs,
+                       DetokenizeRequest, TokenizeRequest, called_tools, check_supported, refusal, structured_outputs,
                        tool_mode, validation_error)
 from ..request import SamplingParams
 from .metrics import CONTENT_TYPE, ServingMetrics
@@ -269,7 +269,7 @@ class OpenAIServing:
                 allowed_token_ids=None if req.allowed_token_ids is None else tuple(req.allowed_token_ids),
                 prompt_logprobs=prompt_logprobs, structured_outputs=structured)
         except (TypeError, ValueError) as e:
-            raise APIError(str(e), param_of(e, {"max_tokens": max_param, "structured_outputs": structured_param})) from e
+            raise refusal(e, {"max_tokens": max_param, "structured_outputs": structured_param}) from e
         return params
 
     async def _start(self, req, kind: str) -> tuple[str, list[_Choice], list[_Prompt]]:
@@ -316,8 +316,7 @@ class OpenAIServing:
         if isinstance(e, (TypeError, ValueError)):
             given = max_param if getattr(req, max_param, None) is not None else prompt_param
             structured = structured_outputs(req)[1]
-            return APIError(str(e), param_of(e, {"prompt_ids": prompt_param, "request": given,
-                                                 "structured_outputs": structured}))
+            return refusal(e, {"prompt_ids": prompt_param, "request": given, "structured_outputs": structured})
         return e
 
     # ----- responses out -----
