@@ -1132,13 +1132,14 @@ def test_streamed_logprobs_go_with_the_chunk_that_carries_their_text():
     assert [c["choices"][0]["logprobs"] for c in got[:-1]] == [None, None]
 
 
-def test_serve_prepacks_bfloat16_only_where_the_cpu_has_amx(serve_spies, capsys, monkeypatch):
+def test_serve_prepacks_bfloat16_only_where_the_cpu_has_a_kernel_for_it(serve_spies, capsys, monkeypatch):
     from nano_engine.kernels import linear as linear_module
 
-    monkeypatch.setattr(linear_module, "amx_library", lambda: None)  # a CPU without AMX
+    monkeypatch.setattr(linear_module, "amx_library", lambda: None)  # a CPU without AMX or AVX-512
+    monkeypatch.setattr(linear_module, "bf16_dot_library", lambda: None)
     assert serve_cli.main(["--dtype", "bf16", "--prepack"]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "--prepack" in last and "bf16" in last and "AMX" in last, last
+    assert "--prepack" in last and "bf16" in last and "AVX512_BF16" in last, last
     assert serve_spies.calls == []
 
 

@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prepack", action="store_true",
                     help="pack the matmul weights once at load time, as vLLM does on CPU: float32 for "
                          "our AVX-512 kernel (else oneDNN), bfloat16 for our AMX kernel where the CPU has "
-                         "it (faster; a second copy of the weights; Transformer.prepack)")
+                         "AMX, else for our AVX512_BF16 one (faster; a second copy of the weights; Transformer.prepack)")
     ap.add_argument("--attention-backend", choices=["auto", "torch", "c"], default="auto",
                     help="c: one C++ kernel call per layer reads the paged KV blocks in place, built on "
                          "first use (float32 and bfloat16; nano_engine/kernels/paged_attention.py); torch: "

@@ -1,8 +1,9 @@
 """The matmul of every layer: x @ weight.T + bias on the fastest kernel that keeps a row's result
 independent of the batch it runs in (see `linear`), and weights prepacked once (`PackedWeight`),
 as vLLM's CPU backend does (`dispatch_cpu_unquantized_gemm`, vllm/model_executor/layers/utils.py):
-float32 into oneDNN's blocked layout, bfloat16 into AMX tiles for csrc/gemm_amx.cpp where the CPU
-has AMX (Intel Sapphire Rapids and later).
+float32 into panels for csrc/gemm_f32.cpp where the CPU has AVX-512 (else oneDNN's blocked layout),
+bfloat16 into AMX tiles for csrc/gemm_amx.cpp where the CPU has AMX (Intel Sapphire Rapids and
+later), else, with AVX512_BF16, into panels for gemm_f32.cpp's bfloat16 twin.
 
 mini_llm's `Linear` layers call `linear`; `Transformer.prepack` hands each one a `PackedWeight`.
 """
@@ -52,10 +53,10 @@ def amx_library() -> ctypes.CDLL | None:
 
 def _declare_f32(lib: ctypes.CDLL) -> None:
     P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
-    lib.f32_available.restype = I
-    lib.pack_f32.argtypes = [P, P, I, I]
-    lib.gemm_f32.argtypes = [P, L, P, P, L, P, I, I, I, I]
-    lib.pack_f32.restype = lib.gemm_f32.restype = None
+    lib.f32_available.restype = lib.bf16_dot_available.restype = I
+    lib.pack_f32.argtypes = lib.pack_bf16_pairs.argtypes = [P, P, I, I]
+    lib.gemm_f32.argtypes = lib.gemm_bf16_dot.argtypes = [P, L, P, P, L, P, I, I, I, I]
+    lib.pack_f32.restype = lib.gemm_f32.restype = lib.pack_bf16_pairs.restype = lib.gemm_bf16_dot.restype = None
 
 
 @functools.cache
@@ -65,14 +66,29 @@ def f32_library() -> ctypes.CDLL | None:
     return lib if lib is not None and lib.f32_available() else None
 
 
+def bf16_dot_library() -> ctypes.CDLL | None:
+    """The AVX-512 kernel's bfloat16 twin (vdpbf16ps chains), where the CPU has AVX512_BF16."""
+    lib = f32_library()
+    return lib if lib is not None and lib.bf16_dot_available() else None
+
+
+def packed_kind(dtype: torch.dtype) -> str | None:
+    """Which kernel `PackedWeight` packs weights of this dtype for here: "f32" (csrc/gemm_f32.cpp),
+    "onednn" (oneDNN's blocked layout), "amx" (csrc/gemm_amx.cpp), "bf16_dot" (gemm_f32.cpp's
+    bfloat16 twin, for AVX512_BF16 without AMX), or None (no fast kernel: the plain path runs)."""
+    if dtype == torch.float32:
+        return "f32" if f32_library() is not None else "onednn" if ONEDNN_FP32 else None
+    if dtype == torch.bfloat16:
+        return "amx" if amx_library() is not None else "bf16_dot" if bf16_dot_library() is not None else None
+    return None
+
+
 def can_prepack(dtype: torch.dtype) -> bool:
     """Whether `PackedWeight` has a fast kernel for weights of this dtype on this machine."""
-    if dtype == torch.float32:
-        return ONEDNN_FP32 or f32_library() is not None
-    return dtype == torch.bfloat16 and amx_library() is not None
+    return packed_kind(dtype) is not None
 
 
-NEEDS = "float32 needs AVX-512 or PyTorch's oneDNN, bfloat16 a CPU with AMX"  # what prepack refusals say
+NEEDS = "float32 needs AVX-512 or PyTorch's oneDNN, bfloat16 AVX512_BF16 or AMX"  # what prepack refusals say
 
 
 def float32_path(prepacked: bool) -> str:
@@ -107,7 +123,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
       2^24), and rounded once.
       tests/test_mini_llm.py checks the invariance this relies on.
       With `packed` on a CPU with AMX, every row count runs one AMX kernel of our own
-      (csrc/gemm_amx.cpp), whose rows are invariant by construction: no pieces, no copies.
+      (csrc/gemm_amx.cpp), whose rows are invariant by construction: no pieces, no copies; on
+      one with AVX512_BF16 and no AMX (AMD Zen 4 and 5), gemm_f32.cpp's bfloat16 twin: one
+      float32 chain per output as for float32, two products a step (vdpbf16ps), rounded once.
     """
     if x.dim() == 2 and not (torch.is_grad_enabled() and weight.requires_grad):
         if packed is not None and packed.own and x.dtype == weight.dtype and packed.matches(weight):
@@ -130,28 +148,30 @@ class PackedWeight:
     """A weight packed once for its fast kernel (vLLM's CPU backend does the same at load time:
     `dispatch_cpu_unquantized_gemm` in vllm/model_executor/layers/utils.py): float32 into oneDNN's
     blocked layout or, with AVX-512, panels for csrc/gemm_f32.cpp; bfloat16 into AMX tiles
-    (csrc/gemm_amx.cpp). `can_prepack` says where.
+    (csrc/gemm_amx.cpp) or, with AVX512_BF16 and no AMX, bfloat16 panels for gemm_f32.cpp's twin.
+    `kind` says which; `can_prepack` says where any is.
     `linear` uses it only while the weight it was made from is unchanged: the same storage, dtype
     and version counter (an in-place edit or `.to()` makes it stale, and the plain path runs)."""
 
     def __init__(self, weight: torch.Tensor):
-        if not can_prepack(weight.dtype):
+        self.kind = packed_kind(weight.dtype)
+        if self.kind is None:
             raise ValueError(f"no packed kernel for {str(weight.dtype).removeprefix('torch.')} weights on this "
                              f"machine: {NEEDS}")
-        self.amx = weight.dtype == torch.bfloat16
-        self.own = self.amx or f32_library() is not None  # our kernel (gemm), not oneDNN's
+        self.own = self.kind != "onednn"  # our kernel (gemm), not oneDNN's
         self._bias: tuple[torch.Tensor, torch.Tensor] | None = None  # (the bias, its float32 copy)
-        if self.amx:
-            n, k = weight.shape
-            self.n, self.k, self.kp = n, k, -(-k // 32) * 32
-            self.tensor = torch.empty(-(-n // 32) * 32 * self.kp, dtype=torch.bfloat16)
-            w = weight.detach().contiguous()
-            amx_library().pack_bf16(w.data_ptr(), self.tensor.data_ptr(), n, k, self.tensor.numel() // self.kp,
-                                    self.kp)
-        elif self.own:
-            self.n, self.k = weight.shape
+        w = weight.detach().contiguous()
+        self.n, self.k = weight.shape
+        if self.kind == "amx":
+            self.kp = -(-self.k // 32) * 32
+            self.tensor = torch.empty(-(-self.n // 32) * 32 * self.kp, dtype=torch.bfloat16)
+            amx_library().pack_bf16(w.data_ptr(), self.tensor.data_ptr(), self.n, self.k,
+                                    self.tensor.numel() // self.kp, self.kp)
+        elif self.kind == "bf16_dot":
+            self.tensor = torch.empty(-(-self.n // 16) * 16 * -(-self.k // 2) * 2, dtype=torch.bfloat16)
+            bf16_dot_library().pack_bf16_pairs(w.data_ptr(), self.tensor.data_ptr(), self.n, self.k)
+        elif self.kind == "f32":
             self.tensor = torch.empty(-(-self.n // 16) * 16 * self.k)
-            w = weight.detach().contiguous()
             f32_library().pack_f32(w.data_ptr(), self.tensor.data_ptr(), self.n, self.k)
         else:
             self.tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)  # None: any row count
@@ -168,7 +188,7 @@ class PackedWeight:
         """x @ weight.T + bias on our kernel: x (M, K) in the weight's dtype, the result (M, N) too."""
         if x.shape[1] != self.k:
             raise ValueError(f"x has {x.shape[1]} columns; this weight takes {self.k}")
-        if not self.amx:
+        if self.kind == "f32":
             if x.stride(1) != 1:
                 x = x.contiguous()
             y = torch.empty(x.shape[0], self.n)
@@ -178,15 +198,30 @@ class PackedWeight:
                                        b.data_ptr() if b is not None else None, x.shape[0], self.n, self.k,
                                        torch.get_num_threads())
             return y
+        bias_f32 = self._bias_f32(bias)
+        if self.kind == "bf16_dot":
+            if x.stride(1) != 1:
+                x = x.contiguous()
+            y = torch.empty(x.shape[0], self.n, dtype=torch.bfloat16)
+            with build.profiled("nano_engine::gemm_bf16_dot"):
+                bf16_dot_library().gemm_bf16_dot(x.data_ptr(), x.stride(0), self.tensor.data_ptr(), y.data_ptr(),
+                                                 self.n, bias_f32, x.shape[0], self.n, self.k,
+                                                 torch.get_num_threads())
+            return y
         if self.kp != self.k:  # the kernel reads K in slices of 32: pad the rows with zeros
             x = F.pad(x, (0, self.kp - self.k))
         elif x.stride(1) != 1:
             x = x.contiguous()
-        if bias is not None and (self._bias is None or self._bias[0] is not bias):
-            self._bias = (bias, bias.detach().float().contiguous())
         y = torch.empty(x.shape[0], self.n, dtype=torch.bfloat16)
         with build.profiled("nano_engine::gemm_amx"):
             amx_library().gemm_bf16(x.data_ptr(), x.stride(0), self.tensor.data_ptr(), y.data_ptr(), self.n,
-                                    self._bias[1].data_ptr() if bias is not None else None, x.shape[0], self.n,
-                                    self.kp, torch.get_num_threads())
+                                    bias_f32, x.shape[0], self.n, self.kp, torch.get_num_threads())
         return y
+
+    def _bias_f32(self, bias: torch.Tensor | None) -> int | None:
+        """The address of the bias widened to float32 (kept from call to call), or None."""
+        if bias is None:
+            return None
+        if self._bias is None or self._bias[0] is not bias:
+            self._bias = (bias, bias.detach().float().contiguous())
+        return self._bias[1].data_ptr()

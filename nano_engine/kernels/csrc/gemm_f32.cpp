@@ -1,16 +1,23 @@
-// y = x @ W^T (+ bias) in float32 on AVX-512, with the same bits for a row at every row count.
+// y = x @ W^T (+ bias) on AVX-512, with the same bits for a row at every row count: float32
+// (gemm_f32), and bfloat16 with AVX512_BF16 (gemm_bf16_dot: for CPUs without AMX, such as AMD's
+// Zen 4 and 5; where AMX is, gemm_amx.cpp runs instead).
 //
-// Batch invariance: each output element is one chain of fused multiply-adds over K, ascending,
+// Batch invariance: each output element is one chain of float32 operations over K, ascending,
 // from zero (the bias, if any, added once after), whatever the number of rows, the thread count or
 // which rows share a register block; work is split over output columns only. Any blocking below
-// only decides which chains advance side by side, never the order within one.
+// only decides which chains advance side by side, never the order within one. In gemm_f32 a step
+// is one fused multiply-add; in gemm_bf16_dot a step is one vdpbf16ps over a pair of K (see
+// block_bf16), and the float32 result is rounded once to bfloat16, to nearest even as PyTorch does.
 //
-// The weight is packed once (pack_f32) into panels of 16 output columns, K-major: panel p holds, for
+// The weight is packed once into panels of 16 output columns, K-major: panel p holds, for
 // k = 0 .. K-1, the 16 values W[16p .. 16p + 15][k] (zeros past N), so a step of the chain loads one
-// vector of weights and broadcasts one value of x.
+// vector of weights and broadcasts one value of x. pack_f32 stores float32; pack_bf16_pairs stores
+// bfloat16 with k and k + 1 interleaved (column n's pair in 32-bit lane n), so one 64-byte load
+// carries two steps of 16 chains, as vdpbf16ps takes them.
 //
 // Built by kernels/build.py with -march=native: on a CPU without AVX-512 the functions are stubs and
-// f32_available() says 0 (kernels/linear.py then keeps oneDNN).
+// f32_available() says 0 (kernels/linear.py then keeps oneDNN); without AVX512_BF16 the bfloat16
+// ones are, and bf16_dot_available() says 0.
 #include <cstdint>
 #include <cstring>
 
@@ -72,9 +79,78 @@ BlockFn pick(int R, int P) {
     }
 }
 
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+// The bfloat16 twin of `block`: one vdpbf16ps per pair of K steps. x holds the rows as pairs
+// (x[k], x[k + 1]) in 32-bit words, broadcast to every lane; the instruction adds x[k + 1] W[k + 1],
+// then x[k] W[k] (each product exact in float32, each sum rounded to nearest even, denormals
+// flushed: Intel's definition, which AMD's Zen 4 and 5 follow).
+template <int R, int P>
+void block_bf16(const uint32_t *x, long ldx, const uint16_t *packed, uint16_t *y, long ldy, const float *bias, int m0,
+                int p0, int N, int pairs) {
+    __m512 acc[R][P];
+    for (int r = 0; r < R; r++)
+        for (int p = 0; p < P; p++) acc[r][p] = _mm512_setzero_ps();
+    const uint16_t *w = packed + static_cast<long>(p0) * pairs * 32;
+    const uint32_t *a = x + m0 * ldx;
+    for (int k = 0; k < pairs; k++) {
+        __m512bh wv[P];
+        for (int p = 0; p < P; p++) wv[p] = (__m512bh)_mm512_loadu_si512(w + (static_cast<long>(p) * pairs + k) * 32);
+        for (int r = 0; r < R; r++) {
+            const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[r * ldx + k]));
+            for (int p = 0; p < P; p++) acc[r][p] = _mm512_dpbf16_ps(acc[r][p], xv, wv[p]);
+        }
+    }
+    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff), qnan = _mm512_set1_epi32(0x7fc0);
+    for (int p = 0; p < P; p++) {
+        const int n0 = 16 * (p0 + p), cols = N - n0 < 16 ? N - n0 : 16;
+        const __mmask16 mask = cols >= 16 ? 0xffff : static_cast<__mmask16>((1u << cols) - 1);
+        const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) {
+            const __m512 v = bias ? _mm512_add_ps(acc[r][p], b) : acc[r][p];
+            // round to nearest even (PyTorch's c10::round_to_nearest_even; a NaN becomes 0x7fc0)
+            const __m512i u = _mm512_castps_si512(v);
+            const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+            __m512i h = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, half), odd), 16);
+            h = _mm512_mask_mov_epi32(h, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), qnan);
+            _mm256_mask_storeu_epi16(y + (m0 + r) * ldy + n0, mask, _mm512_cvtepi32_epi16(h));
+        }
+    }
+}
+
+using BlockBf16Fn = void (*)(const uint32_t *, long, const uint16_t *, uint16_t *, long, const float *, int, int, int,
+                             int);
+
+template <int R> BlockBf16Fn pick_bf16(int P) {
+    switch (P) {
+    case 1: return block_bf16<R, 1>;
+    case 2: return block_bf16<R, 2>;
+    case 3: return block_bf16<R, 3>;
+    default: return block_bf16<R, 4>;
+    }
+}
+
+BlockBf16Fn pick_bf16(int R, int P) {
+    switch (R) {
+    case 1: return pick_bf16<1>(P);
+    case 2: return pick_bf16<2>(P);
+    case 3: return pick_bf16<3>(P);
+    case 4: return pick_bf16<4>(P);
+    case 5: return pick_bf16<5>(P);
+    default: return pick_bf16<6>(P);
+    }
+}
+#endif
+
 }  // namespace
 
 extern "C" int f32_available() { return 1; }
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+extern "C" int bf16_dot_available() { return 1; }
+#else
+extern "C" int bf16_dot_available() { return 0; }
+#endif
 
 // w: (N, K) row-major; out: ceil(N / 16) panels of K x 16 floats.
 extern "C" void pack_f32(const float *w, float *out, int N, int K) {
@@ -102,10 +178,57 @@ extern "C" void gemm_f32(const float *x, long ldx, const float *packed, float *y
     }
 }
 
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+// w: (N, K) bfloat16 row-major; out: ceil(N / 16) panels of ceil(K / 2) pairs x 16 columns x 2.
+extern "C" void pack_bf16_pairs(const uint16_t *w, uint16_t *out, int N, int K) {
+    const int panels = (N + 15) / 16;
+    const long KP = (K + 1) / 2 * 2;
+#pragma omp parallel for schedule(static)
+    for (int p = 0; p < panels; p++)
+        for (long k = 0; k < KP; k += 2)
+            for (int n = 0; n < 16; n++)
+                for (int j = 0; j < 2; j++) {
+                    const int row = 16 * p + n;
+                    out[(static_cast<long>(p) * KP + k) * 16 + 2 * n + j] =
+                        row < N && k + j < K ? w[static_cast<long>(row) * K + k + j] : 0;
+                }
+}
+
+// x: (M, K) bfloat16 rows of stride ldx; packed from pack_bf16_pairs; y: (M, N) bfloat16 of stride
+// ldy; bias: N floats (the bias widened) or null.
+extern "C" void gemm_bf16_dot(const uint16_t *x, long ldx, const uint16_t *packed, uint16_t *y, long ldy,
+                              const float *bias, int M, int N, int K, int threads) {
+    const int pairs = (K + 1) / 2;
+    uint16_t *xp = new uint16_t[static_cast<long>(M) * pairs * 2];  // x as pairs, a zero after an odd K
+    for (long m = 0; m < M; m++) {
+        std::memcpy(xp + m * pairs * 2, x + m * ldx, static_cast<size_t>(K) * 2);
+        if (K % 2) xp[m * pairs * 2 + K] = 0;
+    }
+    const int panels = (N + 15) / 16, groups = (panels + NP - 1) / NP;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int g = 0; g < groups; g++) {
+        const int p0 = g * NP, P = panels - p0 < NP ? panels - p0 : NP;
+        for (int m0 = 0; m0 < M; m0 += MR) {
+            const int R = M - m0 < MR ? M - m0 : MR;
+            pick_bf16(R, P)(reinterpret_cast<const uint32_t *>(xp), pairs, packed, y, ldy, bias, m0, p0, N, pairs);
+        }
+    }
+    delete[] xp;
+}
+#else
+extern "C" void pack_bf16_pairs(const uint16_t *, uint16_t *, int, int) {}
+extern "C" void gemm_bf16_dot(const uint16_t *, long, const uint16_t *, uint16_t *, long, const float *, int, int, int,
+                              int) {}
+#endif
+
 #else  // no AVX-512 on this CPU: kernels/linear.py never calls these
 
 extern "C" int f32_available() { return 0; }
+extern "C" int bf16_dot_available() { return 0; }
 extern "C" void pack_f32(const float *, float *, int, int) {}
 extern "C" void gemm_f32(const float *, long, const float *, float *, long, const float *, int, int, int, int) {}
+extern "C" void pack_bf16_pairs(const uint16_t *, uint16_t *, int, int) {}
+extern "C" void gemm_bf16_dot(const uint16_t *, long, const uint16_t *, uint16_t *, long, const float *, int, int, int,
+                              int) {}
 
 #endif
