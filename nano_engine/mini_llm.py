@@ -126,6 +126,14 @@ class RMSNorm(nn.Module):
         x = F.rms_norm(x.float(), x.shape[-1:], eps=self.eps)
         return self.weight * x.to(dt)
 
+    def add(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, this norm of it): the residual stream after a sublayer, and the next
+        sublayer's input; one compiled pass on the prepacked fast path, with the same bits."""
+        if getattr(self, "fused", False) and (pair := fused.add_rms_norm(x, delta, self.weight, self.eps)) is not None:
+            return pair
+        x = x + delta
+        return x, self(x)
+
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     """Rotation frequencies (head_dim/2,), with Llama 3's long-context rescaling when configured."""
@@ -230,8 +238,20 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x, cos, sin, attend: Attend):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x, delta = self.step(x, None, cos, sin, attend)
+        return x + delta
+
+    def step(self, x, pending, cos, sin, attend: Attend):
+        """forward, with the residual add at the end left to the caller: (x, delta) for x + delta.
+        `pending` is the previous block's delta (None: x is whole), added here together with this
+        block's first norm, as vLLM's layers hand each other (hidden_states, residual); on the
+        prepacked fast path each add and the norm after it are one compiled pass, same bits."""
+        if pending is None:
+            h = self.input_layernorm(x)
+        else:
+            x, h = self.input_layernorm.add(x, pending)
+        x, h = self.post_attention_layernorm.add(x, self.self_attn(h, cos, sin, attend))
+        return x, self.mlp(h)
 
 
 class _Decoder(nn.Module):  # named `model` inside Transformer so HF checkpoint names load as they are
@@ -262,9 +282,10 @@ class Transformer(nn.Module):
         attend = attend or causal_attend
         x = self.model.embed_tokens(input_ids)  # (T, D)
         cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
+        delta = None  # the last block's output not yet added to x (Block.step): x + delta, then the norm
         for block in self.model.layers:
-            x = block(x, cos, sin, attend)
-        return self.model.norm(x)
+            x, delta = block.step(x, delta, cos, sin, attend)
+        return self.model.norm(x) if delta is None else self.model.norm.add(x, delta)[1]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)  # (rows, vocab)
@@ -331,9 +352,10 @@ class Transformer(nn.Module):
         """The fast path (a setting, off by default): pack each matmul's weight once for its kernel,
         as vLLM does on CPU, so that no step pays for it. float32 on a CPU with AVX-512: panels for
         csrc/gemm_f32.cpp, elsewhere oneDNN's blocked layout; bfloat16 on a CPU with AMX: tiles for
-        csrc/gemm_amx.cpp. Our kernels give a row the same bits at every row count. Costs a second
-        copy of the matmul weights. With them, RMSNorm, SwiGLU's silu(gate) * up and the rotary
-        embedding run as one compiled pass each (kernels/fused.py), where they can be built.
+        csrc/gemm_amx.cpp, else with AVX512_BF16 panels for gemm_f32.cpp's bfloat16 twin. Our
+        kernels give a row the same bits at every row count. Costs a second copy of the matmul
+        weights. With them, RMSNorm (with the residual add before it), SwiGLU's silu(gate) * up and
+        the rotary embedding run as one compiled pass each (kernels/fused.py), where they can be built.
         The plain path stays the reference: our kernels round otherwise than PyTorch's, and the
         tests check that the engine on packed weights gives the tokens `generate` gives on them."""
         if not can_prepack(self.dtype):

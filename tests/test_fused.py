@@ -1,7 +1,8 @@
-"""The fused small operations of the prepacked fast path (kernels/fused.py, csrc/fused.cpp): RMSNorm,
-silu(gate) * up and the rotary embedding compute what PyTorch computes, give a row the same bits in
-any batch and with any thread count, leave layouts they do not take to the plain path, and come
-and go with Transformer.prepack / unpack."""
+"""The fused small operations of the prepacked fast path (kernels/fused.py, csrc/fused.cpp): RMSNorm
+(alone and with the residual add before it), silu(gate) * up and the rotary embedding compute what
+PyTorch computes, give a row the same bits in any batch and with any thread count, leave layouts
+they do not take to the plain path, and come and go with Transformer.prepack / unpack. The add
+fused into the norm keeps the bits of the two apart, in the model too."""
 
 import ctypes
 import subprocess
@@ -31,6 +32,7 @@ def ops(dtype, dim=576, inter=1536, hd=64, heads=12, rows=700):
     with torch.no_grad():
         norm.weight.copy_(torch.rand(dim, generator=gen) + 0.5)
     norm = norm.to(dtype)
+    d = torch.randn(rows, dim, generator=gen).to(dtype) * 0.3  # a sublayer's output, added to x
     gu = torch.randn(rows, 2 * inter, generator=gen).to(dtype) * 3
     qk = torch.randn(rows, heads, hd, generator=gen).to(dtype)
     cos, sin = rope_cos_sin(torch.rand(hd // 2, generator=gen), torch.arange(rows) * 7, dtype)
@@ -42,6 +44,8 @@ def ops(dtype, dim=576, inter=1536, hd=64, heads=12, rows=700):
 
     return {
         "rms_norm": (lambda a, b: fused.rms_norm(x[a:b], norm.weight, norm.eps), lambda a, b: norm(x[a:b])),
+        "add_rms_norm": (lambda a, b: torch.cat(fused.add_rms_norm(x[a:b], d[a:b], norm.weight, norm.eps), 1),
+                         lambda a, b: torch.cat((x[a:b] + d[a:b], norm(x[a:b] + d[a:b])), 1)),
         "silu_mul": (lambda a, b: fused.silu_mul(gu[a:b]),
                      lambda a, b: (F.silu(gu[a:b, :inter].float()) * gu[a:b, inter:].float()).to(dtype)),
         "rope": (rope, lambda a, b: apply_rope(qk[a:b].float(), cos[a:b].float(), sin[a:b].float()).to(dtype)),
@@ -49,7 +53,7 @@ def ops(dtype, dim=576, inter=1536, hd=64, heads=12, rows=700):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", ["rms_norm", "silu_mul", "rope"])
+@pytest.mark.parametrize("name", ["rms_norm", "add_rms_norm", "silu_mul", "rope"])
 def test_each_computes_what_pytorch_computes(name, dtype):
     kernel, reference = ops(dtype)[name]
     got, want = kernel(0, 300), reference(0, 300)
@@ -58,7 +62,7 @@ def test_each_computes_what_pytorch_computes(name, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", ["rms_norm", "silu_mul", "rope"])
+@pytest.mark.parametrize("name", ["rms_norm", "add_rms_norm", "silu_mul", "rope"])
 def test_a_row_gets_the_same_bits_in_any_batch(name, dtype):
     kernel, _ = ops(dtype, dim=100, inter=70, hd=24, heads=3)[name]  # sizes that are not multiples of 16 too
     probe = [0, 1, 15, 16, 17, 99, 511, 599]
@@ -77,43 +81,73 @@ def test_a_row_gets_the_same_bits_in_any_batch(name, dtype):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [576, 100, 7])
+def test_the_add_fused_into_the_norm_keeps_the_bits_of_the_two_apart(dim, dtype):
+    """add_rms_norm(x, d) is (x + d as PyTorch adds, rms_norm of that) to the last bit."""
+    gen = torch.Generator().manual_seed(dim)
+    x, d = (torch.randn(33, dim, generator=gen) * 4).to(dtype), torch.randn(33, dim, generator=gen).to(dtype)
+    w = (torch.rand(dim, generator=gen) + 0.5).to(dtype)
+    res, out = fused.add_rms_norm(x, d, w, 1e-6)
+    assert torch.equal(res, x + d) and torch.equal(out, fused.rms_norm(x + d, w, 1e-6))
+
+
 def test_layouts_they_do_not_take_go_back_to_the_plain_path():
     x = torch.randn(4, 8)
     assert fused.rms_norm(x.t(), torch.ones(4), 1e-5) is None  # columns not contiguous
     assert fused.rms_norm(x.double(), torch.ones(8).double(), 1e-5) is None  # float64
     assert fused.rms_norm(x, torch.ones(8).bfloat16(), 1e-5) is None  # weight of another dtype
+    assert fused.add_rms_norm(x, x[:2], torch.ones(8), 1e-5) is None  # shapes that differ
+    assert fused.add_rms_norm(x, x.bfloat16(), torch.ones(8), 1e-5) is None  # dtypes that differ
+    assert fused.add_rms_norm(x, x.t().contiguous().t(), torch.ones(8), 1e-5) is None  # columns not contiguous
     assert fused.silu_mul(torch.randn(4, 7)) is None  # no even split into gate and up
     q, cos = torch.randn(3, 2, 8), torch.randn(3, 8)
     assert not fused.rope_(q.transpose(0, 1), cos, cos)
     assert not fused.rope_(q, cos[:2], cos[:2])
 
 
-def test_prepack_turns_them_on_and_unpack_off():
+def test_prepack_turns_them_on_and_unpack_off(monkeypatch):
     model = tiny_model(seed=5, dtype=torch.float32)
     ids, positions = torch.tensor([3, 9, 4, 1]), torch.arange(4)
-    calls = []
-    real = fused.rms_norm
+    calls = {"rms_norm": 0, "add_rms_norm": 0}
 
-    def spy(*args):
-        calls.append(1)
-        return real(*args)
+    def spy(name):
+        real = getattr(fused, name)
+
+        def counted(*args):
+            calls[name] += 1
+            return real(*args)
+        return counted
 
     with torch.inference_mode():
         plain = model(ids, positions)
     model.prepack()
     assert all(m.fused for m in model.modules() if isinstance(m, RMSNorm))
-    fused.rms_norm = spy
-    try:
-        with torch.inference_mode():
-            packed = model(ids, positions)
-        assert len(calls) == 2 * model.config.num_hidden_layers + 1
-        assert torch.allclose(packed, plain, rtol=1e-4, atol=1e-4)
-        model.unpack()
-        calls.clear()
-        with torch.inference_mode():
-            assert torch.equal(model(ids, positions), plain) and not calls
-    finally:
-        fused.rms_norm = real
+    for name in calls:
+        monkeypatch.setattr(fused, name, spy(name))
+    with torch.inference_mode():
+        packed = model(ids, positions)
+    # the first block's first norm alone; every other norm with the residual add before it
+    assert calls == {"rms_norm": 1, "add_rms_norm": 2 * model.config.num_hidden_layers}
+    assert torch.allclose(packed, plain, rtol=1e-4, atol=1e-4)
+    model.unpack()
+    calls.update(rms_norm=0, add_rms_norm=0)
+    with torch.inference_mode():
+        assert torch.equal(model(ids, positions), plain) and calls == {"rms_norm": 0, "add_rms_norm": 0}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_model_gets_the_same_bits_with_the_adds_fused_or_apart(dtype, monkeypatch):
+    """The fast path's hidden states, with each residual add fused into the norm after it, and with
+    the adds done apart (PyTorch's add, then the fused norm)."""
+    model = tiny_model(seed=6, dtype=dtype)
+    model._fuse(True)  # the fused small operations alone (bfloat16 prepacks only where a kernel is)
+    ids, positions = torch.tensor([3, 9, 4, 1, 7, 2]), torch.arange(6)
+    with torch.inference_mode():
+        together = model(ids, positions)
+        monkeypatch.setattr(fused, "add_rms_norm", lambda *args: None)  # the layout refused: adds apart
+        apart = model(ids, positions)
+    assert torch.equal(together, apart)
 
 
 def test_the_avx2_and_plain_builds_give_this_cpus_bits(tmp_path, monkeypatch):

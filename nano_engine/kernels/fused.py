@@ -1,4 +1,4 @@
-"""RMSNorm, SwiGLU's silu(gate) * up and the rotary embedding, each one compiled pass
+"""RMSNorm (alone, or with the residual add before it), SwiGLU's silu(gate) * up and the rotary embedding, each one compiled pass
 (csrc/fused.cpp) instead of five to eight PyTorch operators, with the same bits for a row in any
 batch. `Transformer.prepack` turns them on with the packed matmuls (the model's fast path; the
 plain path stays the reference the chapters build). float32 and bfloat16.
@@ -22,9 +22,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     P, I, L, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
     for name in _NAME.values():
         getattr(lib, f"rms_norm_{name}").argtypes = [P, L, P, P, L, I, I, F, I]
+        getattr(lib, f"add_rms_norm_{name}").argtypes = [P, L, P, L, P, P, L, P, L, I, I, F, I]
         getattr(lib, f"silu_mul_{name}").argtypes = [P, L, P, L, I, I, I]
         getattr(lib, f"rope_{name}").argtypes = [P, L, P, P, I, I, I, I]
-        for fn in ("rms_norm", "silu_mul", "rope"):
+        for fn in ("rms_norm", "add_rms_norm", "silu_mul", "rope"):
             getattr(lib, f"{fn}_{name}").restype = None
 
 
@@ -53,6 +54,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
                                                         out.stride(0), x.shape[0], x.shape[1], eps,
                                                         torch.get_num_threads())
     return out
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(x + delta, rms_norm of it) in one pass, with the bits of the add and the norm apart (the
+    residual stream and the next sublayer's input, vLLM's fused_add_rms_norm); None for a layout
+    it does not take."""
+    if (not _rows(x) or not _rows(delta) or delta.dtype != x.dtype or delta.shape != x.shape
+            or weight.dtype != x.dtype or not weight.is_contiguous()):
+        return None
+    res, out = torch.empty(x.shape, dtype=x.dtype), torch.empty(x.shape, dtype=x.dtype)
+    with _build.profiled("nano_engine::add_rms_norm"):
+        getattr(library(), f"add_rms_norm_{_NAME[x.dtype]}")(
+            x.data_ptr(), x.stride(0), delta.data_ptr(), delta.stride(0), weight.data_ptr(), res.data_ptr(),
+            res.stride(0), out.data_ptr(), out.stride(0), x.shape[0], x.shape[1], eps, torch.get_num_threads())
+    return res, out
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:

@@ -1,5 +1,7 @@
 // The small operations around the matmuls, one pass each instead of five to eight PyTorch operators:
 //   rms_norm:  out = w * (x / sqrt(mean(x^2) + eps)), a row at a time;
+//   add_rms_norm: the residual add before it, in the same pass: res = x + d (rounded to the dtype, as
+//              PyTorch's add rounds), out = rms_norm(res), the bits of the two operations apart;
 //   silu_mul:  out = silu(gate) * up, SwiGLU's middle, from the fused gate/up projection;
 //   rope:      the rotary embedding of q and k, in place: pairs (i, i + hd / 2) of each head.
 // Each row is computed alone, by the same operations in the same order whatever the number of rows
@@ -56,6 +58,33 @@ void rms_norm(const T *x, long ldx, const T *w, T *out, long ldo, int rows, int 
     }
 }
 
+template <typename T>
+void add_rms_norm(const T *x, long ldx, const T *d, long ldd, const T *w, T *res, long ldr, T *out, long ldo,
+                  int rows, int dim, float eps, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (static_cast<long>(rows) * dim >= PARALLEL)
+    for (int r = 0; r < rows; r++) {
+        const T *xr = x + r * ldx, *dr = d + r * ldd;
+        T *rr = res + r * ldr;
+        V16 sq = zero();
+        for (int i = 0; i < dim; i += 16) {  // res = x + d, and the sum of squares of res as rms_norm takes it
+            const int n = dim - i < 16 ? dim - i : 16;
+            const V16 a = n == 16 ? load(xr + i) : load_part(xr + i, n);
+            const V16 b = n == 16 ? load(dr + i) : load_part(dr + i, n);
+            const V16 v = round_as(add(a, b), xr);
+            store_part(rr + i, v, n);
+            sq = fma(v, v, sq);
+        }
+        const float inv = 1.0f / std::sqrt(tree(sq) / static_cast<float>(dim) + eps);
+        for (int i = 0; i < dim; i += 16) {
+            const int n = dim - i < 16 ? dim - i : 16;
+            const V16 v = n == 16 ? load(rr + i) : load_part(rr + i, n);
+            const V16 g = n == 16 ? load(w + i) : load_part(w + i, n);
+            const V16 normed = round_as(mul(v, bcast(inv)), xr);
+            store_part(out + r * ldo + i, mul(g, normed), n);
+        }
+    }
+}
+
 template <typename T> void silu_mul(const T *gu, long ld, T *out, long ldo, int rows, int inter, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (static_cast<long>(rows) * inter >= PARALLEL)
     for (int r = 0; r < rows; r++) {
@@ -101,6 +130,14 @@ void rms_norm_f32(const float *x, long ldx, const float *w, float *out, long ldo
 void rms_norm_bf16(const uint16_t *x, long ldx, const uint16_t *w, uint16_t *out, long ldo, int rows, int dim,
                    float eps, int threads) {
     rms_norm(x, ldx, w, out, ldo, rows, dim, eps, threads);
+}
+void add_rms_norm_f32(const float *x, long ldx, const float *d, long ldd, const float *w, float *res, long ldr,
+                      float *out, long ldo, int rows, int dim, float eps, int threads) {
+    add_rms_norm(x, ldx, d, ldd, w, res, ldr, out, ldo, rows, dim, eps, threads);
+}
+void add_rms_norm_bf16(const uint16_t *x, long ldx, const uint16_t *d, long ldd, const uint16_t *w, uint16_t *res,
+                       long ldr, uint16_t *out, long ldo, int rows, int dim, float eps, int threads) {
+    add_rms_norm(x, ldx, d, ldd, w, res, ldr, out, ldo, rows, dim, eps, threads);
 }
 void silu_mul_f32(const float *gu, long ld, float *out, long ldo, int rows, int inter, int threads) {
     silu_mul(gu, ld, out, ldo, rows, inter, threads);
