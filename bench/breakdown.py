@@ -30,7 +30,7 @@ from workloads import WORKLOADS  # noqa: E402
 
 GROUPS = {
     "matmuls of the linear layers": ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise", "aten::linear",
-                                     "nano_engine::gemm_amx", "nano_engine::gemm_f32"),
+                                     "nano_engine::gemm_amx", "nano_engine::gemm_f32", "nano_engine::gemm_bf16_dot"),
     "attention: the C kernel": ("nano_engine::paged_attention",),
     "attention: gather K, V from blocks": ("aten::index_select", "aten::index"),
     "attention: batched matmuls": ("aten::bmm",),
