@@ -34,9 +34,10 @@ def scattered(gen, length, nkv, hd, bs, dtype):
 
 
 def rows_alone(q, kc, vc, table, bs, nblocks, first):
-    """Each row of q (positions first, first + 1, ...) in a call of its own."""
+    """Each row of q (positions first, first + 1, ...) in a call of its own; bfloat16 outputs as
+    float32 before their rounding (`wide`), so that a difference in any float32 step shows."""
     return torch.cat([kernels.paged_attention(q[i:i + 1], kc, vc, kernels.kernel_batch([0, 1], [first + i], [table],
-                                                                                      bs, nblocks))
+                                                                                      bs, nblocks), wide=True)
                       for i in range(q.shape[0])])
 
 
@@ -59,14 +60,15 @@ def test_a_row_gets_the_same_bits_in_any_chunk_and_any_decode_group(nh, nkv, hd,
                 for start in range(0, length, chunk * 3 + 1):  # chunks starting at varied positions
                     end = min(length, start + chunk)
                     got = kernels.paged_attention(q[start:end], kc, vc,
-                                                  kernels.kernel_batch([0, end - start], [start], [table], bs, nblocks))
+                                                  kernels.kernel_batch([0, end - start], [start], [table], bs, nblocks),
+                                                  wide=True)
                     for p in probe:
                         if start <= p < end:
                             assert torch.equal(got[p - start], alone[p][0]), (n_threads, chunk, start, p)
             for group in (1, 2, 15, 16, 17, 33, 64):  # decodes of the same context at other positions
                 where = [probe[(i * 7) % len(probe)] for i in range(group)]
                 batch = kernels.kernel_batch(list(range(group + 1)), where, [table] * group, bs, nblocks)
-                got = kernels.paged_attention(torch.cat([q[p:p + 1] for p in where]), kc, vc, batch)
+                got = kernels.paged_attention(torch.cat([q[p:p + 1] for p in where]), kc, vc, batch, wide=True)
                 for i, p in enumerate(where):
                     assert torch.equal(got[i], alone[p][0]), (n_threads, group, p)
     finally:
@@ -111,7 +113,8 @@ def test_the_avx2_and_plain_builds_give_this_cpus_bits(tmp_path):
     """Every step rounds as IEEE says (fused multiply-adds, a fixed tree of additions, the same
     polynomial for exp), so the kernel built for an AVX2-only CPU (where this one can run it) or for
     plain x86-64 gives the bits of the one built for this CPU: a row's result does not depend on the
-    machine. bfloat16 on AMX tiles is the exception (other roundings; checked against float64)."""
+    machine. bfloat16 on AMX tiles or AVX512_BF16 dot products is the exception (other roundings,
+    checked against float64)."""
     gen = torch.Generator().manual_seed(5)
     libs = {"native": kernels.library()}
     variants = {"plain C++": "-march=x86-64"}
@@ -123,7 +126,7 @@ def test_the_avx2_and_plain_builds_give_this_cpus_bits(tmp_path):
         subprocess.run(["g++", *flags, march, "-o", str(out), str(kernels.SOURCE)], check=True)
         libs[name] = ctypes.CDLL(str(out))
         kernels._declare(libs[name])
-    for dtype in [torch.float32] if kernels.bfloat16_on_amx() else DTYPES:
+    for dtype in [torch.float32] if kernels.bfloat16_path() != "vector" else DTYPES:
         for nh, nkv, hd in HEADS:
             batch, kc, vc, q, *_ = random_step(gen, [(5, 1), (0, 37), (30, 1), (12, 9)], dtype=dtype)
             q = torch.randn(q.shape[0], nh, hd, generator=gen).to(dtype) * 3

@@ -6,9 +6,9 @@ decodes into groups and, for bfloat16, computes in float64 so that a row's bits 
 the rows it shares a matmul with. The kernel gets the same guarantee another way: it computes
 every score, weight and output of a row by one fixed chain of float32 operations (the order is
 in the source's header), whatever the batch, the chunking, the block size or the thread count.
-Where the CPU has AMX (Sapphire Rapids and later), bfloat16 runs on its tiles instead, with the
-weights rounded to bfloat16 before they multiply V (`bfloat16_on_amx`): other bits than the
-vector code's, as invariant.
+Where the CPU has AMX (Sapphire Rapids and later), bfloat16 runs on its tiles instead, and where it
+has AVX512_BF16 without AMX (AMD Zen 4 and 5), on its dot products, with the weights rounded to
+bfloat16 before they multiply V (`bfloat16_path`): other bits than the vector code's, as invariant.
 So `generate(..., attention_backend="c")`, which calls it over one contiguous context, and the
 engine with `attention_backend="c"` give the same bits, row for row, by construction.
 
@@ -47,21 +47,23 @@ def build():
 
 def _declare(lib: ctypes.CDLL) -> None:
     P, I = ctypes.c_void_p, ctypes.c_int
-    for name in ("f32", "bf16"):
+    for name in ("f32", "bf16", "bf16_wide"):
         fn = getattr(lib, f"paged_attention_{name}")
         fn.argtypes = [P] * 7 + [I] * 6 + [ctypes.c_float, I]
         fn.restype = None
-    lib.paged_attention_amx.restype = I
+    lib.paged_attention_bf16_path.restype = I
 
 
 def library() -> ctypes.CDLL:
     return _build.load(SOURCE, INSTEAD, _declare)
 
 
-def bfloat16_on_amx() -> bool:
-    """Whether bfloat16 runs on AMX tiles here (Sapphire Rapids and later): weights rounded to
-    bfloat16 before they multiply V, so other bits than the vector code's (both batch-invariant)."""
-    return bool(library().paged_attention_amx())
+def bfloat16_path() -> str:
+    """Where bfloat16 attention runs here: "amx" (tiles, Sapphire Rapids and later), "dot"
+    (AVX512_BF16 dot products, AMD Zen 4 and 5), or "vector" (the float32 vector code, its inputs
+    widened). The first two round the weights to bfloat16 before they multiply V, so each has other
+    bits than the vector code's (all three batch-invariant). An odd head_dim takes the vector code."""
+    return {2: "amx", 1: "dot", 0: "vector"}[library().paged_attention_bf16_path()]
 
 
 def resolve_backend(name: str, dtype: torch.dtype) -> str:
@@ -127,11 +129,14 @@ def kernel_batch(query_start: Sequence[int], num_cached: Sequence[int], block_ta
                        int(query_start[-1]))
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: KernelBatch) -> torch.Tensor:
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: KernelBatch,
+                    wide: bool = False) -> torch.Tensor:
     """Causal attention of every new token of a step over its sequence's context in the cache.
 
     q: (T, nh, hd); k_cache, v_cache: (slots, nkv, hd), one layer's cache, with the new tokens'
-    K and V already written; batch: kernel_batch() of the step. Returns (T, nh, hd) in q's dtype.
+    K and V already written; batch: kernel_batch() of the step. Returns (T, nh, hd) in q's dtype,
+    or, with `wide` and bfloat16, in float32 as each output is before its one rounding (for the
+    tests: every bit of a row's float32 chains shows there, where bfloat16 hides most of them).
     """
     check_dtype(q.dtype)
     if q.dim() != 3 or k_cache.dim() != 3 or k_cache.shape != v_cache.shape:
@@ -154,8 +159,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         raise ValueError(f"the cache holds {k_cache.shape[0]} slots, fewer than the batch's "
                          f"{batch.num_blocks} blocks of {batch.block_size}")
     q = q.contiguous()
-    out = torch.empty_like(q)
-    fn = getattr(library(), "paged_attention_f32" if q.dtype == torch.float32 else "paged_attention_bf16")
+    wide = wide and q.dtype == torch.bfloat16
+    out = torch.empty(q.shape, dtype=torch.float32 if wide else q.dtype)
+    fn = getattr(library(), "paged_attention_f32" if q.dtype == torch.float32 else
+                 "paged_attention_bf16_wide" if wide else "paged_attention_bf16")
     with _build.profiled("nano_engine::paged_attention"):
         fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), batch.query_start.data_ptr(),
            batch.num_cached.data_ptr(), batch.block_tables.data_ptr(), len(batch.num_cached),

@@ -144,8 +144,8 @@ template <int NG> inline void score_vectors_tile(const float *qt, int hd, const 
 }
 
 // Rows row0..row1-1 of one sequence, for one KV head; C = head_dim / 16, rounded up.
-template <int C, typename T>
-void run_item(const Item &it, const Batch &b, const T *q, const T *k_cache, const T *v_cache, T *out, Scratch &s) {
+template <int C, typename T, typename O>
+void run_item(const Item &it, const Batch &b, const T *q, const T *k_cache, const T *v_cache, O *out, Scratch &s) {
     constexpr int HP = C * 16;  // head_dim padded
     const int hd = b.hd;
     const Vectors vs = vectors_of(it, b);
@@ -301,29 +301,329 @@ void run_item(const Item &it, const Batch &b, const T *q, const T *k_cache, cons
     }
 }
 
-template <typename T>
-using ItemFn = void (*)(const Item &, const Batch &, const T *, const T *, const T *, T *, Scratch &);
+template <typename T, typename O>
+using ItemFn = void (*)(const Item &, const Batch &, const T *, const T *, const T *, O *, Scratch &);
 
-template <typename T> ItemFn<T> item_fn(int hd) {  // head_dim up to 256
+template <typename T, typename O> ItemFn<T, O> item_fn(int hd) {  // head_dim up to 256
     switch ((hd + 15) / 16) {
-    case 1: return run_item<1, T>;
-    case 2: return run_item<2, T>;
-    case 3: return run_item<3, T>;
-    case 4: return run_item<4, T>;
-    case 5: return run_item<5, T>;
-    case 6: return run_item<6, T>;
-    case 7: return run_item<7, T>;
-    case 8: return run_item<8, T>;
-    case 9: return run_item<9, T>;
-    case 10: return run_item<10, T>;
-    case 11: return run_item<11, T>;
-    case 12: return run_item<12, T>;
-    case 13: return run_item<13, T>;
-    case 14: return run_item<14, T>;
-    case 15: return run_item<15, T>;
-    default: return run_item<16, T>;
+    case 1: return run_item<1, T, O>;
+    case 2: return run_item<2, T, O>;
+    case 3: return run_item<3, T, O>;
+    case 4: return run_item<4, T, O>;
+    case 5: return run_item<5, T, O>;
+    case 6: return run_item<6, T, O>;
+    case 7: return run_item<7, T, O>;
+    case 8: return run_item<8, T, O>;
+    case 9: return run_item<9, T, O>;
+    case 10: return run_item<10, T, O>;
+    case 11: return run_item<11, T, O>;
+    case 12: return run_item<12, T, O>;
+    case 13: return run_item<13, T, O>;
+    case 14: return run_item<14, T, O>;
+    case 15: return run_item<15, T, O>;
+    default: return run_item<16, T, O>;
     }
 }
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define NANO_PAIRS 1
+// What the two bfloat16 paths below share (AMX tiles, and AVX512_BF16 dot products without AMX):
+// the softmax of the scores into bfloat16 weights, and V, in the pair layout their products read.
+namespace pairs {
+
+inline __m512i load32(const uint16_t *src, int n) {  // the first n (<= 32) of 32 bfloat16, zeros after
+    const __mmask32 m = n >= 32 ? 0xffffffffu : n <= 0 ? 0u : (1u << n) - 1;
+    return _mm512_maskz_loadu_epi16(m, src);
+}
+
+// st: row p holds key p's scores of the item's (up to) 64 query vectors, p < width (a multiple of
+// 32). Down the columns (a lane is a query vector), in base 2 with the scale folded in:
+// w_p = 2^(s_p c - m c), 0 past what the vector sees; sums[j] = the w_p in four running parts, key p
+// into part p % 4, then (part 0 + part 1) + (part 2 + part 3). The weights, rounded to bfloat16,
+// become rows of `weights` (vector j: keys 0 .. width - 1).
+void softmax_down(const float *st, const Vectors &vs, int groups, int width, float scale, std::vector<uint16_t> &weights,
+                  float *sums) {
+    const int nv = vs.n;
+    weights.resize(static_cast<size_t>(groups) * 16 * width);
+    const __m512 c = _mm512_set1_ps(scale * 1.44269504088896341f);
+    alignas(64) static const uint16_t pair_idx[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                                      8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i interleave = _mm512_load_si512(pair_idx);
+    for (int g = 0; g < groups; g++) {
+        alignas(64) int32_t seen[16];
+        int most = 0, least = INT32_MAX;
+        __mmask16 used = 0;
+        for (int n = 0; n < 16; n++) {
+            const int j = 16 * g + n;
+            seen[n] = j < nv ? vs.seen(j) : 0;
+            if (j < nv) used |= static_cast<__mmask16>(1u << n), least = std::min(least, seen[n]);
+            most = std::max(most, seen[n]);
+        }
+        const __m512i seenv = _mm512_load_si512(seen);
+        auto live = [&](int p) {  // the vectors that see key p
+            return p < least ? used : _mm512_cmpgt_epi32_mask(seenv, _mm512_set1_epi32(p));
+        };
+        auto score = [&](int p) { return _mm512_loadu_ps(&st[static_cast<size_t>(p) * 64 + 16 * g]); };
+        __m512 mx[4];  // the maximum, in four running parts (a maximum has no order)
+        for (int r = 0; r < 4; r++) mx[r] = _mm512_set1_ps(-INFINITY);
+        for (int p = 0; p < most; p++) mx[p % 4] = _mm512_mask_max_ps(mx[p % 4], live(p), mx[p % 4], score(p));
+        const __m512 mc = _mm512_mul_ps(_mm512_max_ps(_mm512_max_ps(mx[0], mx[1]), _mm512_max_ps(mx[2], mx[3])), c);
+        __m512 part[4];  // the sum in four parts, key p into part p % 4
+        for (int r = 0; r < 4; r++) part[r] = _mm512_setzero_ps();
+        for (int p0 = 0; p0 < width; p0 += 32) {
+            __m512i pr[16];  // pr[kk], lane n: the weights of keys p0 + 2kk and p0 + 2kk + 1 for vector n
+            for (int kk = 0; kk < 16; kk++) {
+                __m512 w[2];
+                for (int e = 0; e < 2; e++) {
+                    const int p = p0 + 2 * kk + e;
+                    // 2^t, t = s c - m c = n + f with n an integer and |f| <= 1/2: 2^f by its Taylor
+                    // polynomial of degree 5 (relative error under 3e-6), times 2^n.
+                    const __m512 t = _mm512_fmsub_ps(score(p), c, mc);
+                    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                    const __m512 f = _mm512_sub_ps(t, n);
+                    __m512 y = _mm512_set1_ps(1.3333558e-3f);
+                    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.6181291e-3f));
+                    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.5504109e-2f));
+                    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.4022651e-1f));
+                    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.9314718e-1f));
+                    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
+                    w[e] = _mm512_maskz_scalef_ps(live(p), y, n);
+                    part[p % 4] = _mm512_add_ps(part[p % 4], w[e]);
+                }
+                // 16-bit element 2n: key p0 + 2kk of vector n; 2n + 1: key p0 + 2kk + 1
+                pr[kk] = _mm512_permutexvar_epi16(interleave, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(w[1], w[0])));
+            }
+            simd::transpose16_epi32(pr);  // pr[n]: vector 16g + n's weights of keys p0 .. p0 + 31
+            for (int n = 0; n < 16; n++)
+                _mm512_storeu_si512(&weights[static_cast<size_t>(16 * g + n) * width + p0], pr[n]);
+        }
+        _mm512_store_ps(sums + 16 * g, _mm512_add_ps(_mm512_add_ps(part[0], part[1]), _mm512_add_ps(part[2], part[3])));
+    }
+}
+
+// V in the pair layout: tile (block, d), row kk, column n = V[32 block + 2kk][16d + n] and
+// V[32 block + 2kk + 1][16d + n]; zeros past `end` (a weight of 0 times them adds exact zeros).
+void pack_v(const uint16_t *v_cache, const int64_t *at, int end, int hd, int width, std::vector<uint16_t> &vp) {
+    const int blocks = width / 32, nd = (hd + 15) / 16, nkb = (hd + 31) / 32;
+    vp.resize(static_cast<size_t>(blocks) * nd * 512);
+    alignas(64) static const uint16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                                    8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (int p = 0; p < width; p += 2) {
+        const uint16_t *r0 = p < end ? v_cache + at[p] : nullptr, *r1 = p + 1 < end ? v_cache + at[p + 1] : nullptr;
+        uint16_t *dst = &vp[static_cast<size_t>(p / 32) * nd * 512 + (p % 32 / 2) * 32];
+        for (int c = 0; c < nkb; c++) {
+            const __m512i x0 = r0 ? load32(r0 + 32 * c, hd - 32 * c) : _mm512_setzero_si512();
+            const __m512i x1 = r1 ? load32(r1 + 32 * c, hd - 32 * c) : _mm512_setzero_si512();
+            _mm512_storeu_si512(dst + 2 * c * 512, _mm512_permutex2var_epi16(x0, lo, x1));
+            if (2 * c + 1 < nd) _mm512_storeu_si512(dst + (2 * c + 1) * 512, _mm512_permutex2var_epi16(x0, hi, x1));
+        }
+    }
+}
+
+}  // namespace pairs
+#endif
+
+#ifdef NANO_PAIRS
+// bfloat16 with AVX512_BF16 dot products, where the CPU has them but no AMX (AMD Zen 4 and 5):
+// the AMX path's algorithm on 16-lane vectors, with its softmax and V layout (namespace pairs).
+// VDPBF16PS adds, in each float32 lane, a[1] b[1] and then a[0] b[0] of a pair of bfloat16 (each
+// product exact, each sum rounded; Intel's definition, which AMD's CPUs follow). Each number of a
+// row is one fixed chain, whichever layout computes it:
+//   s_p = q . k_p, over the pairs of head_dim in ascending order, one VDPBF16PS a pair;
+//   m, w_p = 2^(s_p c - m c) and sum as on AMX (pairs::softmax_down);
+//   out = (the sum over key pairs in ascending order of bfloat16(w) V, one VDPBF16PS a pair)
+//       * (1 / sum).
+// Scores are computed with query vectors across the lanes for items of more than 16 vectors (a
+// prefill chunk), and with keys across the lanes for the others (a decode: 16 keys of one vector a
+// vector), with the same bits; the softmax likewise. head_dim must be even (pairs).
+namespace dot {
+
+struct Scratch {
+    std::vector<uint16_t> qt, kt, p, vp;
+    std::vector<float> st, acc;
+    std::vector<int64_t> at;
+};
+
+inline __m512 dp(__m512 acc, __m512i a, __m512i b) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
+
+inline __m512i pair_at(const uint16_t *row, int i) {  // elements 2i and 2i + 1 of a row, in every lane
+    uint32_t v;
+    std::memcpy(&v, row + 2 * i, 4);
+    return _mm512_set1_epi32(static_cast<int>(v));
+}
+
+// Query vectors across the lanes: NG groups of 16 (qt: group g, pair i: the 16 vectors' pairs)
+// against R keys (krow[r]: a row of K); st[r * 64 + 16g + lane].
+template <int NG, int R>
+inline void scores_across(const uint16_t *qt, int npairs, const uint16_t *const *krow, float *st) {
+    __m512 acc[R][NG];
+    for (int r = 0; r < R; r++)
+        for (int g = 0; g < NG; g++) acc[r][g] = _mm512_setzero_ps();
+    for (int i = 0; i < npairs; i++) {
+        __m512i qv[NG];
+        for (int g = 0; g < NG; g++) qv[g] = _mm512_loadu_si512(qt + (static_cast<size_t>(g) * npairs + i) * 32);
+        for (int r = 0; r < R; r++) {
+            const __m512i kv = pair_at(krow[r], i);
+            for (int g = 0; g < NG; g++) acc[r][g] = dp(acc[r][g], qv[g], kv);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int g = 0; g < NG; g++) _mm512_storeu_ps(st + r * 64 + 16 * g, acc[r][g]);
+}
+template <int NG> void scores_across_tile(const uint16_t *qt, int npairs, const uint16_t *const *krow, float *st) {
+    constexpr int R = NG == 2 ? 8 : 4;  // keys at a time, dividing 16
+    for (int r0 = 0; r0 < 16; r0 += R) scores_across<NG, R>(qt, npairs, krow + r0, st + r0 * 64);
+}
+
+// Keys across the lanes: N vectors (q rows) against 16 keys (kt: pair i, the 16 keys' pairs).
+template <int N>
+inline void scores_keys(const uint16_t *const *qrow, int npairs, const uint16_t *kt, float *const *out) {
+    __m512 acc[N];
+    for (int j = 0; j < N; j++) acc[j] = _mm512_setzero_ps();
+    for (int i = 0; i < npairs; i++) {
+        const __m512i kv = _mm512_loadu_si512(kt + static_cast<size_t>(i) * 32);
+        for (int j = 0; j < N; j++) acc[j] = dp(acc[j], pair_at(qrow[j], i), kv);
+    }
+    for (int j = 0; j < N; j++) _mm512_storeu_ps(out[j], acc[j]);
+}
+
+// One vector's softmax over its row of scores (keys across the lanes), with the bits of
+// pairs::softmax_down: the same steps per key, and four running parts of the sum fed in ascending p.
+inline float softmax_row(const float *sc, int seen, int width, float scale, uint16_t *w_out) {
+    const __m512 c = _mm512_set1_ps(scale * 1.44269504088896341f);
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    for (int p0 = 0; p0 < seen; p0 += 16) {
+        const __mmask16 live = seen - p0 >= 16 ? 0xffff : static_cast<__mmask16>((1u << (seen - p0)) - 1);
+        mv = _mm512_mask_max_ps(mv, live, mv, _mm512_loadu_ps(sc + p0));
+    }
+    const __m512 mc = _mm512_mul_ps(_mm512_set1_ps(_mm512_reduce_max_ps(mv)), c);
+    __m128 part = _mm_setzero_ps();  // lane r: part r of the sum, key p into part p % 4
+    for (int p0 = 0; p0 < width; p0 += 16) {
+        const int left = seen - p0;
+        const __mmask16 live = left >= 16 ? 0xffff : left <= 0 ? 0 : static_cast<__mmask16>((1u << left) - 1);
+        const __m512 t = _mm512_fmsub_ps(_mm512_loadu_ps(sc + p0), c, mc);
+        const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512 f = _mm512_sub_ps(t, n);
+        __m512 y = _mm512_set1_ps(1.3333558e-3f);
+        y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.6181291e-3f));
+        y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.5504109e-2f));
+        y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.4022651e-1f));
+        y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.9314718e-1f));
+        y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
+        const __m512 w = _mm512_maskz_scalef_ps(live, y, n);
+        part = _mm_add_ps(part, _mm512_extractf32x4_ps(w, 0));
+        part = _mm_add_ps(part, _mm512_extractf32x4_ps(w, 1));
+        part = _mm_add_ps(part, _mm512_extractf32x4_ps(w, 2));
+        part = _mm_add_ps(part, _mm512_extractf32x4_ps(w, 3));
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(w_out + p0), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(w)));
+    }
+    alignas(16) float parts[4];
+    _mm_store_ps(parts, part);
+    return (parts[0] + parts[1]) + (parts[2] + parts[3]);
+}
+
+// The rows row0..row1-1 of one sequence, for one KV head (the same items as the other paths).
+template <typename O>
+void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
+              O *out, Scratch &s) {
+    const int hd = b.hd, npairs = hd / 2, nd = (hd + 15) / 16;
+    const Vectors vs = vectors_of(it, b);
+    const int nv = vs.n, groups = vs.groups, end = vs.end;
+    const int width = (end + 31) / 32 * 32;  // keys, in whole blocks of 32 (the pair layout's)
+    locate(it, b, end, s.at);
+    s.kt.assign(static_cast<size_t>(hd) + 32, 0);  // a row of zeros for keys past `end`
+    const uint16_t *zeros = s.kt.data();
+    auto key_row = [&](int p) { return p < end ? k_cache + s.at[p] : zeros; };
+    alignas(64) float sums[64];
+    if (groups > 1) {
+        // Q^T in pairs: group g, pair i, lane n = dims 2i, 2i + 1 of vector 16g + n.
+        s.qt.assign(static_cast<size_t>(groups) * npairs * 32, 0);
+        for (int j = 0; j < nv; j++) {
+            const uint16_t *src = q + vs.at(j);
+            uint16_t *dst = &s.qt[static_cast<size_t>(j / 16) * npairs * 32 + (j % 16) * 2];
+            for (int i = 0; i < hd; i++) dst[(i / 2) * 32 + i % 2] = src[i];
+        }
+        s.st.resize(static_cast<size_t>(width) * 64);
+        const uint16_t *rows[16];
+        for (int p0 = 0; p0 < width; p0 += 16) {
+            for (int r = 0; r < 16; r++) rows[r] = key_row(p0 + r);
+            float *st = &s.st[static_cast<size_t>(p0) * 64];
+            switch (groups) {
+            case 2: scores_across_tile<2>(s.qt.data(), npairs, rows, st); break;
+            case 3: scores_across_tile<3>(s.qt.data(), npairs, rows, st); break;
+            default: scores_across_tile<4>(s.qt.data(), npairs, rows, st); break;
+            }
+        }
+        pairs::softmax_down(s.st.data(), vs, groups, width, b.scale, s.p, sums);
+    } else {
+        // K^T in pairs, 16 keys at a time: pair i, lane k = dims 2i, 2i + 1 of key p0 + k.
+        const int chunks = (npairs + 15) / 16;
+        std::vector<uint16_t> &kt = s.qt;
+        kt.resize(static_cast<size_t>(chunks) * 16 * 32);
+        s.st.resize(static_cast<size_t>(nv) * width);
+        const uint16_t *qrow[16];
+        for (int j = 0; j < nv; j++) qrow[j] = q + vs.at(j);
+        for (int p0 = 0; p0 < width; p0 += 16) {
+            for (int c = 0; c < chunks; c++) {
+                __m512i r[16];
+                for (int k = 0; k < 16; k++) r[k] = pairs::load32(key_row(p0 + k) + 32 * c, hd - 32 * c);
+                simd::transpose16_epi32(r);
+                for (int i = 0; i < 16; i++) _mm512_storeu_si512(&kt[static_cast<size_t>(16 * c + i) * 32], r[i]);
+            }
+            for (int j0 = 0; j0 < nv; j0 += 4) {
+                float *dst[4];
+                for (int j = 0; j < 4 && j0 + j < nv; j++) dst[j] = &s.st[static_cast<size_t>(j0 + j) * width + p0];
+                switch (std::min(4, nv - j0)) {
+                case 1: scores_keys<1>(qrow + j0, npairs, kt.data(), dst); break;
+                case 2: scores_keys<2>(qrow + j0, npairs, kt.data(), dst); break;
+                case 3: scores_keys<3>(qrow + j0, npairs, kt.data(), dst); break;
+                default: scores_keys<4>(qrow + j0, npairs, kt.data(), dst); break;
+                }
+            }
+        }
+        s.p.resize(static_cast<size_t>(nv) * width);
+        for (int j = 0; j < nv; j++)
+            sums[j] = softmax_row(&s.st[static_cast<size_t>(j) * width], vs.seen(j), width, b.scale,
+                                  &s.p[static_cast<size_t>(j) * width]);
+    }
+    // P V: per vector, 16 dims a lane vector, one chain over the key pairs in ascending order.
+    pairs::pack_v(v_cache, s.at.data(), end, hd, width, s.vp);
+    const int aw = nd * 16;
+    s.acc.resize(static_cast<size_t>(nv) * aw);
+    constexpr int NV = 4;
+    for (int j0 = 0; j0 < nv; j0 += NV) {
+        const int n = std::min(NV, nv - j0);
+        const uint16_t *wrow[NV];
+        for (int j = 0; j < NV; j++) wrow[j] = &s.p[static_cast<size_t>(j < n ? j0 + j : j0) * width];
+        for (int d0 = 0; d0 < nd; d0 += 4) {
+            const int dn = std::min(4, nd - d0);
+            __m512 acc[NV][4];
+            for (int j = 0; j < NV; j++)
+                for (int d = 0; d < 4; d++) acc[j][d] = _mm512_setzero_ps();
+            for (int kp = 0; kp < width / 2; kp++) {
+                const uint16_t *vb = &s.vp[(static_cast<size_t>(kp / 16) * nd + d0) * 512 + (kp % 16) * 32];
+                __m512i v[4];
+                for (int d = 0; d < dn; d++) v[d] = _mm512_loadu_si512(vb + d * 512);
+                for (int j = 0; j < NV; j++) {
+                    const __m512i w = pair_at(wrow[j], kp);
+                    for (int d = 0; d < dn; d++) acc[j][d] = dp(acc[j][d], w, v[d]);
+                }
+            }
+            for (int j = 0; j < n; j++)
+                for (int d = 0; d < dn; d++) _mm512_storeu_ps(&s.acc[static_cast<size_t>(j0 + j) * aw + 16 * (d0 + d)], acc[j][d]);
+        }
+    }
+    for (int j = 0; j < nv; j++) {
+        float *aj = &s.acc[static_cast<size_t>(j) * aw];
+        const V16 inv = bcast(1.0f / sums[j]);
+        for (int c = 0; c < nd; c++) store(aj + 16 * c, mul(load(aj + 16 * c), inv));
+        for (int i = 0; i < hd; i++) narrow(aj[i], out + vs.at(j) + i);
+    }
+}
+
+}  // namespace dot
+#endif
 
 #ifdef NANO_AMX
 // bfloat16 on AMX tiles (Sapphire Rapids and later). Scores come out transposed, keys x query
@@ -355,14 +655,10 @@ struct Scratch {
     std::vector<int64_t> at;
 };
 
-inline __m512i load32(const uint16_t *src, int n) {  // the first n (<= 32) of 32 bfloat16, zeros after
-    const __mmask32 m = n >= 32 ? 0xffffffffu : n <= 0 ? 0u : (1u << n) - 1;
-    return _mm512_maskz_loadu_epi16(m, src);
-}
-
 // The rows row0..row1-1 of one sequence, for one KV head (the same items as the vector code).
+template <typename O>
 void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
-              uint16_t *out, Scratch &s) {
+              O *out, Scratch &s) {
     const int hd = b.hd;
     const Vectors vs = vectors_of(it, b);
     const int nv = vs.n, groups = vs.groups, end = vs.end;
@@ -423,80 +719,10 @@ void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t 
         if (groups > 2) _tile_stored(6, st + 32, 256);
         if (groups > 3) _tile_stored(7, st + 48, 256);
     }
-    // Softmax down the columns (a lane is a query vector), in base 2 with the scale folded in, the
-    // weights rounded to bfloat16 in pairs of keys and turned back to rows of P (vector x keys).
-    s.p.resize(static_cast<size_t>(groups) * 16 * width);
+    // Softmax down the columns, the weights rounded to bfloat16 in rows of P; V in the pair layout.
     alignas(64) float sums[64];
-    const __m512 c = _mm512_set1_ps(b.scale * 1.44269504088896341f);
-    alignas(64) static const uint16_t pair_idx[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
-                                                      8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-    const __m512i pairs = _mm512_load_si512(pair_idx);
-    for (int g = 0; g < groups; g++) {
-        alignas(64) int32_t seen[16];
-        int most = 0, least = INT32_MAX;
-        __mmask16 used = 0;
-        for (int n = 0; n < 16; n++) {
-            const int j = 16 * g + n;
-            seen[n] = j < nv ? vs.seen(j) : 0;
-            if (j < nv) used |= static_cast<__mmask16>(1u << n), least = std::min(least, seen[n]);
-            most = std::max(most, seen[n]);
-        }
-        const __m512i seenv = _mm512_load_si512(seen);
-        auto live = [&](int p) {  // the vectors that see key p
-            return p < least ? used : _mm512_cmpgt_epi32_mask(seenv, _mm512_set1_epi32(p));
-        };
-        auto score = [&](int p) { return _mm512_loadu_ps(&s.st[static_cast<size_t>(p) * 64 + 16 * g]); };
-        __m512 mx[4];  // the maximum, in four running parts (a maximum has no order)
-        for (int r = 0; r < 4; r++) mx[r] = _mm512_set1_ps(-INFINITY);
-        for (int p = 0; p < most; p++) mx[p % 4] = _mm512_mask_max_ps(mx[p % 4], live(p), mx[p % 4], score(p));
-        const __m512 mc = _mm512_mul_ps(_mm512_max_ps(_mm512_max_ps(mx[0], mx[1]), _mm512_max_ps(mx[2], mx[3])), c);
-        __m512 part[4];  // the sum in four parts, key p into part p % 4
-        for (int r = 0; r < 4; r++) part[r] = _mm512_setzero_ps();
-        for (int p0 = 0; p0 < width; p0 += 32) {
-            __m512i pr[16];  // pr[kk], lane n: the weights of keys p0 + 2kk and p0 + 2kk + 1 for vector n
-            for (int kk = 0; kk < 16; kk++) {
-                __m512 w[2];
-                for (int e = 0; e < 2; e++) {
-                    const int p = p0 + 2 * kk + e;
-                    // 2^t, t = s c - m c = n + f with n an integer and |f| <= 1/2: 2^f by its Taylor
-                    // polynomial of degree 5 (relative error under 3e-6), times 2^n.
-                    const __m512 t = _mm512_fmsub_ps(score(p), c, mc);
-                    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                    const __m512 f = _mm512_sub_ps(t, n);
-                    __m512 y = _mm512_set1_ps(1.3333558e-3f);
-                    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.6181291e-3f));
-                    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.5504109e-2f));
-                    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.4022651e-1f));
-                    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.9314718e-1f));
-                    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
-                    w[e] = _mm512_maskz_scalef_ps(live(p), y, n);
-                    part[p % 4] = _mm512_add_ps(part[p % 4], w[e]);
-                }
-                // 16-bit element 2n: key p0 + 2kk of vector n; 2n + 1: key p0 + 2kk + 1
-                pr[kk] = _mm512_permutexvar_epi16(pairs, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(w[1], w[0])));
-            }
-            simd::transpose16_epi32(pr);  // pr[n]: vector 16g + n's weights of keys p0 .. p0 + 31
-            for (int n = 0; n < 16; n++)
-                _mm512_storeu_si512(&s.p[static_cast<size_t>(16 * g + n) * width + p0], pr[n]);
-        }
-        _mm512_store_ps(sums + 16 * g, _mm512_add_ps(_mm512_add_ps(part[0], part[1]), _mm512_add_ps(part[2], part[3])));
-    }
-    // V in the pair layout: tile (block, d), row kk, column n = V[32 block + 2kk][16d + n] and
-    // V[32 block + 2kk + 1][16d + n]; zeros past `end` (a weight of 0 times them adds exact zeros).
-    s.vp.resize(static_cast<size_t>(blocks) * nd * 512);
-    alignas(64) static const uint16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
-                                                    8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-    const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
-    for (int p = 0; p < width; p += 2) {
-        const uint16_t *r0 = p < end ? row_of(v_cache, p) : nullptr, *r1 = p + 1 < end ? row_of(v_cache, p + 1) : nullptr;
-        uint16_t *dst = &s.vp[static_cast<size_t>(p / 32) * nd * 512 + (p % 32 / 2) * 32];
-        for (int c = 0; c < nkb; c++) {
-            const __m512i x0 = r0 ? load32(r0 + 32 * c, hd - 32 * c) : _mm512_setzero_si512();
-            const __m512i x1 = r1 ? load32(r1 + 32 * c, hd - 32 * c) : _mm512_setzero_si512();
-            _mm512_storeu_si512(dst + 2 * c * 512, _mm512_permutex2var_epi16(x0, lo, x1));
-            if (2 * c + 1 < nd) _mm512_storeu_si512(dst + (2 * c + 1) * 512, _mm512_permutex2var_epi16(x0, hi, x1));
-        }
-    }
+    pairs::softmax_down(s.st.data(), vs, groups, width, b.scale, s.p, sums);
+    pairs::pack_v(v_cache, s.at.data(), end, hd, width, s.vp);
     // P V, per group of 16 vectors and four 16-wide column tiles at a time, keys in ascending blocks.
     const int aw = nd * 16;
     s.acc.resize(static_cast<size_t>(groups) * 16 * aw);
@@ -543,8 +769,9 @@ void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t 
 }  // namespace amx
 #endif
 
-template <typename T>
-void attention(const T *q, const T *k_cache, const T *v_cache, T *out, const Batch &b, int num_seqs, int threads) {
+// out: T, or float for a bfloat16 call that keeps the outputs unrounded (paged_attention_bf16_wide).
+template <typename T, typename O>
+void attention(const T *q, const T *k_cache, const T *v_cache, O *out, const Batch &b, int num_seqs, int threads) {
     const int G = b.nh / b.nkv, rows_per_item = std::max(1, MAX_VECTORS / G);
     std::vector<Item> items;
     for (int s = 0; s < num_seqs; s++) {
@@ -575,7 +802,20 @@ void attention(const T *q, const T *k_cache, const T *v_cache, T *out, const Bat
         }
     }
 #endif
-    const ItemFn<T> run = item_fn<T>(b.hd);
+#ifdef NANO_PAIRS
+    if constexpr (sizeof(T) == 2) {
+        if (b.hd % 2 == 0) {
+#pragma omp parallel num_threads(threads)
+            {
+                dot::Scratch scratch;
+#pragma omp for schedule(dynamic, 1)
+                for (int i = 0; i < n; i++) dot::run_item(items[i], b, q, k_cache, v_cache, out, scratch);
+            }
+            return;
+        }
+    }
+#endif
+    const ItemFn<T, O> run = item_fn<T, O>(b.hd);
 #pragma omp parallel num_threads(threads)
     {
         Scratch scratch;
@@ -586,10 +826,14 @@ void attention(const T *q, const T *k_cache, const T *v_cache, T *out, const Bat
 
 }  // namespace
 
-// Whether bfloat16 runs on AMX tiles here (else on the vector code, with other bits).
-extern "C" int paged_attention_amx() {
+// Where bfloat16 runs here, for a head_dim that is even: 2 on AMX tiles, 1 on AVX512_BF16 dot
+// products, 0 on the vector code (each with its own bits; an odd head_dim takes the vector code).
+extern "C" int paged_attention_bf16_path() {
 #ifdef NANO_AMX
-    return amx::permitted();
+    if (amx::permitted()) return 2;
+#endif
+#ifdef NANO_PAIRS
+    return 1;
 #else
     return 0;
 #endif
@@ -607,6 +851,14 @@ void paged_attention_f32(const float *q, const float *k_cache, const float *v_ca
 void paged_attention_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, uint16_t *out,
                           const int32_t *query_start, const int32_t *num_cached, const int32_t *tables, int num_seqs,
                           int max_blocks, int nh, int nkv, int hd, int bs, float scale, int threads) {
+    attention(q, k_cache, v_cache, out, Batch{query_start, num_cached, tables, max_blocks, nh, nkv, hd, bs, scale},
+              num_seqs, threads);
+}
+// The same, with each output left in float32 before its one rounding: every bit of every chain
+// shows, which the tests compare (a bfloat16 output hides most float32 differences).
+void paged_attention_bf16_wide(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, float *out,
+                               const int32_t *query_start, const int32_t *num_cached, const int32_t *tables,
+                               int num_seqs, int max_blocks, int nh, int nkv, int hd, int bs, float scale, int threads) {
     attention(q, k_cache, v_cache, out, Batch{query_start, num_cached, tables, max_blocks, nh, nkv, hd, bs, scale},
               num_seqs, threads);
 }
