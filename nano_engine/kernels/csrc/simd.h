@@ -23,6 +23,9 @@ struct V16 {
 inline V16 zero() { return {_mm512_setzero_ps()}; }
 inline V16 bcast(float x) { return {_mm512_set1_ps(x)}; }
 inline V16 load(const float *p) { return {_mm512_loadu_ps(p)}; }
+// Keeps a value in a register: the compiler would otherwise read it from memory again for each
+// instruction that uses it, and a loop of fused multiply-adds would wait on loads. No arithmetic.
+inline void in_register(V16 &a) { __asm__("" : "+v"(a.v)); }
 inline V16 load(const uint16_t *p) {  // 16 bfloat16 widened (exactly)
     return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p))), 16))};
 }
@@ -92,6 +95,7 @@ struct V16 {
 inline V16 zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 inline V16 bcast(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
 inline V16 load(const float *p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline void in_register(V16 &a) { __asm__("" : "+x"(a.lo), "+x"(a.hi)); }
 inline __m256 load8(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))), 16));
 }
@@ -172,6 +176,7 @@ template <typename F> inline V16 each(F f) {
 inline V16 zero() { return each([](int) { return 0.0f; }); }
 inline V16 bcast(float x) { return each([x](int) { return x; }); }
 inline V16 load(const float *p) { return each([p](int l) { return p[l]; }); }
+inline void in_register(V16 &) {}
 inline V16 load(const uint16_t *p) {
     return each([p](int l) {
         const uint32_t u = static_cast<uint32_t>(p[l]) << 16;
