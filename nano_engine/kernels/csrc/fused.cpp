@@ -37,6 +37,18 @@ inline V16 round_as(V16 x, const uint16_t *) { return round_bf16(x); }
 
 constexpr long PARALLEL = 1 << 15;  // values below which one thread does it all (waking others costs more)
 
+// out = w * (x / sqrt(sumsq / dim + eps)), the normalised x rounded to the model's dtype first.
+template <typename T> inline void scale_row(const T *x, const T *w, T *out, int dim, float sumsq, float eps) {
+    const float inv = 1.0f / std::sqrt(sumsq / static_cast<float>(dim) + eps);
+    for (int i = 0; i < dim; i += 16) {
+        const int n = dim - i < 16 ? dim - i : 16;
+        const V16 v = n == 16 ? load(x + i) : load_part(x + i, n);
+        const V16 g = n == 16 ? load(w + i) : load_part(w + i, n);
+        const V16 normed = round_as(mul(v, bcast(inv)), x);  // the normalised x in the model's dtype
+        store_part(out + i, mul(g, normed), n);
+    }
+}
+
 template <typename T>
 void rms_norm(const T *x, long ldx, const T *w, T *out, long ldo, int rows, int dim, float eps, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (static_cast<long>(rows) * dim >= PARALLEL)
@@ -47,14 +59,7 @@ void rms_norm(const T *x, long ldx, const T *w, T *out, long ldo, int rows, int 
             const V16 v = i + 16 <= dim ? load(xr + i) : load_part(xr + i, dim - i);
             sq = fma(v, v, sq);
         }
-        const float inv = 1.0f / std::sqrt(tree(sq) / static_cast<float>(dim) + eps);
-        for (int i = 0; i < dim; i += 16) {
-            const int n = dim - i < 16 ? dim - i : 16;
-            const V16 v = n == 16 ? load(xr + i) : load_part(xr + i, n);
-            const V16 g = n == 16 ? load(w + i) : load_part(w + i, n);
-            const V16 normed = round_as(mul(v, bcast(inv)), xr);  // the normalised x in the model's dtype
-            store_part(out + r * ldo + i, mul(g, normed), n);
-        }
+        scale_row(xr, w, out + r * ldo, dim, tree(sq), eps);
     }
 }
 
@@ -74,14 +79,7 @@ void add_rms_norm(const T *x, long ldx, const T *d, long ldd, const T *w, T *res
             store_part(rr + i, v, n);
             sq = fma(v, v, sq);
         }
-        const float inv = 1.0f / std::sqrt(tree(sq) / static_cast<float>(dim) + eps);
-        for (int i = 0; i < dim; i += 16) {
-            const int n = dim - i < 16 ? dim - i : 16;
-            const V16 v = n == 16 ? load(rr + i) : load_part(rr + i, n);
-            const V16 g = n == 16 ? load(w + i) : load_part(w + i, n);
-            const V16 normed = round_as(mul(v, bcast(inv)), xr);
-            store_part(out + r * ldo + i, mul(g, normed), n);
-        }
+        scale_row(rr, w, out + r * ldo, dim, tree(sq), eps);
     }
 }
 

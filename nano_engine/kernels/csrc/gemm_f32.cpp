@@ -57,28 +57,31 @@ void block(const float *x, long ldx, const float *packed, float *y, long ldy, co
     }
 }
 
-using BlockFn = void (*)(const float *, long, const float *, float *, long, const float *, int, int, int, int);
-
-template <int R> BlockFn pick(int P) {
+// Which block<R, P> to run for R rows and P panels (one dispatch for both kernels' blocks).
+template <class Kernel, int R> typename Kernel::Fn pick_panels(int P) {
     switch (P) {
-    case 1: return block<R, 1>;
-    case 2: return block<R, 2>;
-    case 3: return block<R, 3>;
-    default: return block<R, 4>;
+    case 1: return Kernel::template block<R, 1>;
+    case 2: return Kernel::template block<R, 2>;
+    case 3: return Kernel::template block<R, 3>;
+    default: return Kernel::template block<R, 4>;
     }
 }
 
-BlockFn pick(int R, int P) {
+template <class Kernel> typename Kernel::Fn pick(int R, int P) {
     switch (R) {
-    case 1: return pick<1>(P);
-    case 2: return pick<2>(P);
-    case 3: return pick<3>(P);
-    case 4: return pick<4>(P);
-    case 5: return pick<5>(P);
-    default: return pick<6>(P);
+    case 1: return pick_panels<Kernel, 1>(P);
+    case 2: return pick_panels<Kernel, 2>(P);
+    case 3: return pick_panels<Kernel, 3>(P);
+    case 4: return pick_panels<Kernel, 4>(P);
+    case 5: return pick_panels<Kernel, 5>(P);
+    default: return pick_panels<Kernel, 6>(P);
     }
 }
 
+struct F32 {
+    using Fn = void (*)(const float *, long, const float *, float *, long, const float *, int, int, int, int);
+    template <int R, int P> static constexpr Fn block = ::block<R, P>;
+};
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 // The bfloat16 twin of `block`: one vdpbf16ps per pair of K steps. x holds the rows as pairs
@@ -118,28 +121,10 @@ void block_bf16(const uint32_t *x, long ldx, const uint16_t *packed, uint16_t *y
     }
 }
 
-using BlockBf16Fn = void (*)(const uint32_t *, long, const uint16_t *, uint16_t *, long, const float *, int, int, int,
-                             int);
-
-template <int R> BlockBf16Fn pick_bf16(int P) {
-    switch (P) {
-    case 1: return block_bf16<R, 1>;
-    case 2: return block_bf16<R, 2>;
-    case 3: return block_bf16<R, 3>;
-    default: return block_bf16<R, 4>;
-    }
-}
-
-BlockBf16Fn pick_bf16(int R, int P) {
-    switch (R) {
-    case 1: return pick_bf16<1>(P);
-    case 2: return pick_bf16<2>(P);
-    case 3: return pick_bf16<3>(P);
-    case 4: return pick_bf16<4>(P);
-    case 5: return pick_bf16<5>(P);
-    default: return pick_bf16<6>(P);
-    }
-}
+struct Bf16 {
+    using Fn = void (*)(const uint32_t *, long, const uint16_t *, uint16_t *, long, const float *, int, int, int, int);
+    template <int R, int P> static constexpr Fn block = block_bf16<R, P>;
+};
 #endif
 
 }  // namespace
@@ -173,7 +158,7 @@ extern "C" void gemm_f32(const float *x, long ldx, const float *packed, float *y
         const int p0 = g * NP, P = panels - p0 < NP ? panels - p0 : NP;
         for (int m0 = 0; m0 < M; m0 += MR) {
             const int R = M - m0 < MR ? M - m0 : MR;
-            pick(R, P)(x, ldx, packed, y, ldy, bias, m0, p0, N, K);
+            pick<F32>(R, P)(x, ldx, packed, y, ldy, bias, m0, p0, N, K);
         }
     }
 }
@@ -210,7 +195,7 @@ extern "C" void gemm_bf16_dot(const uint16_t *x, long ldx, const uint16_t *packe
         const int p0 = g * NP, P = panels - p0 < NP ? panels - p0 : NP;
         for (int m0 = 0; m0 < M; m0 += MR) {
             const int R = M - m0 < MR ? M - m0 : MR;
-            pick_bf16(R, P)(reinterpret_cast<const uint32_t *>(xp), pairs, packed, y, ldy, bias, m0, p0, N, pairs);
+            pick<Bf16>(R, P)(reinterpret_cast<const uint32_t *>(xp), pairs, packed, y, ldy, bias, m0, p0, N, pairs);
         }
     }
     delete[] xp;

@@ -424,6 +424,16 @@ void pack_v(const uint16_t *v_cache, const int64_t *at, int end, int hd, int wid
     }
 }
 
+// out = acc * (1 / sum), rounded once into the output (acc: the vectors' rows of aw floats).
+template <typename O> void write_out(float *acc, int aw, const float *sums, const Vectors &vs, int hd, O *out) {
+    for (int j = 0; j < vs.n; j++) {
+        float *aj = acc + static_cast<size_t>(j) * aw;
+        const V16 inv = bcast(1.0f / sums[j]);
+        for (int c = 0; c < (hd + 15) / 16; c++) store(aj + 16 * c, mul(load(aj + 16 * c), inv));
+        for (int i = 0; i < hd; i++) narrow(aj[i], out + vs.at(j) + i);
+    }
+}
+
 }  // namespace pairs
 #endif
 
@@ -617,12 +627,7 @@ void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t 
                 for (int d = 0; d < dn; d++) _mm512_storeu_ps(&s.acc[static_cast<size_t>(j0 + j) * aw + 16 * (d0 + d)], acc[j][d]);
         }
     }
-    for (int j = 0; j < nv; j++) {
-        float *aj = &s.acc[static_cast<size_t>(j) * aw];
-        const V16 inv = bcast(1.0f / sums[j]);
-        for (int c = 0; c < nd; c++) store(aj + 16 * c, mul(load(aj + 16 * c), inv));
-        for (int i = 0; i < hd; i++) narrow(aj[i], out + vs.at(j) + i);
-    }
+    pairs::write_out(s.acc.data(), aw, sums, vs, hd, out);
 }
 
 }  // namespace dot
@@ -761,12 +766,7 @@ void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t 
             if (n > 3) _tile_stored(7, acc + 48, 4 * aw);
         }
     }
-    for (int j = 0; j < nv; j++) {
-        float *aj = &s.acc[static_cast<size_t>(j) * aw];
-        const V16 inv = bcast(1.0f / sums[j]);
-        for (int c = 0; c < nd; c++) store(aj + 16 * c, mul(load(aj + 16 * c), inv));
-        for (int i = 0; i < hd; i++) narrow(aj[i], out + vs.at(j) + i);
-    }
+    pairs::write_out(s.acc.data(), aw, sums, vs, hd, out);
 }
 
 }  // namespace amx
