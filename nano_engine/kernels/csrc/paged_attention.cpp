@@ -339,6 +339,22 @@ inline __m512i load32(const uint16_t *src, int n) {  // the first n (<= 32) of 3
     return _mm512_maskz_loadu_epi16(m, src);
 }
 
+// A softmax weight of the bfloat16 paths, for 16 scores s: 2^t, t = s c - m c = n + f with n an
+// integer and |f| <= 1/2: 2^f by its Taylor polynomial of degree 5 (relative error under 3e-6),
+// times 2^n; 0 in the lanes not `live` (keys past what the vector sees).
+inline __m512 weight(__m512 s, __m512 c, __m512 mc, __mmask16 live) {
+    const __m512 t = _mm512_fmsub_ps(s, c, mc);
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, n);
+    __m512 y = _mm512_set1_ps(1.3333558e-3f);
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.6181291e-3f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.5504109e-2f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.4022651e-1f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.9314718e-1f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps(live, y, n);
+}
+
 // st: row p holds key p's scores of the item's (up to) 64 query vectors, p < width (a multiple of
 // 32). Down the columns (a lane is a query vector), in base 2 with the scale folded in:
 // w_p = 2^(s_p c - m c), 0 past what the vector sees; sums[j] = the w_p in four running parts, key p
@@ -379,18 +395,7 @@ void softmax_down(const float *st, const Vectors &vs, int groups, int width, flo
                 __m512 w[2];
                 for (int e = 0; e < 2; e++) {
                     const int p = p0 + 2 * kk + e;
-                    // 2^t, t = s c - m c = n + f with n an integer and |f| <= 1/2: 2^f by its Taylor
-                    // polynomial of degree 5 (relative error under 3e-6), times 2^n.
-                    const __m512 t = _mm512_fmsub_ps(score(p), c, mc);
-                    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                    const __m512 f = _mm512_sub_ps(t, n);
-                    __m512 y = _mm512_set1_ps(1.3333558e-3f);
-                    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.6181291e-3f));
-                    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.5504109e-2f));
-                    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.4022651e-1f));
-                    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.9314718e-1f));
-                    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
-                    w[e] = _mm512_maskz_scalef_ps(live(p), y, n);
+                    w[e] = weight(score(p), c, mc, live(p));
                     part[p % 4] = _mm512_add_ps(part[p % 4], w[e]);
                 }
                 // 16-bit element 2n: key p0 + 2kk of vector n; 2n + 1: key p0 + 2kk + 1
@@ -515,16 +520,7 @@ inline float softmax_row(const float *sc, int seen, int width, float scale, uint
     for (int p0 = 0; p0 < width; p0 += 16) {
         const int left = seen - p0;
         const __mmask16 live = left >= 16 ? 0xffff : left <= 0 ? 0 : static_cast<__mmask16>((1u << left) - 1);
-        const __m512 t = _mm512_fmsub_ps(_mm512_loadu_ps(sc + p0), c, mc);
-        const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        const __m512 f = _mm512_sub_ps(t, n);
-        __m512 y = _mm512_set1_ps(1.3333558e-3f);
-        y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.6181291e-3f));
-        y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.5504109e-2f));
-        y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.4022651e-1f));
-        y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.9314718e-1f));
-        y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
-        const __m512 w = _mm512_maskz_scalef_ps(live, y, n);
+        const __m512 w = pairs::weight(_mm512_loadu_ps(sc + p0), c, mc, live);
         part = _mm_add_ps(part, _mm512_extractf32x4_ps(w, 0));
         part = _mm_add_ps(part, _mm512_extractf32x4_ps(w, 1));
         part = _mm_add_ps(part, _mm512_extractf32x4_ps(w, 2));
