@@ -109,6 +109,8 @@ def test_the_products_are_the_matmul_rounded_once(shape, kind, force_kind):
         assert torch.allclose(got.double(), exact, rtol=2 ** -8, atol=1e-4)
     strided = x[::2]  # rows that are not contiguous in memory
     assert torch.equal(linear(strided, w, packed=PackedWeight(w)), linear(strided.contiguous(), w, packed=PackedWeight(w)))
+    shifted = torch.cat((x, x[:, :1]), 1)[:, 1:]  # rows at an odd address, one element apart from a pair
+    assert torch.equal(linear(shifted, w, packed=PackedWeight(w)), linear(shifted.contiguous(), w, packed=PackedWeight(w)))
 
 
 def dot_chain(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -1,6 +1,6 @@
-"""RMSNorm (alone, or with the residual add before it), SwiGLU's silu(gate) * up and the rotary embedding, each one compiled pass
-(csrc/fused.cpp) instead of five to eight PyTorch operators, with the same bits for a row in any
-batch. `Transformer.prepack` turns them on with the packed matmuls (the model's fast path; the
+"""RMSNorm (alone, or with the residual add before it), SwiGLU's silu(gate) * up and the rotary
+embedding, each one compiled pass (csrc/fused.cpp) instead of five to eight PyTorch operators, with
+the same bits for a row in any batch. `Transformer.prepack` turns them on with the packed matmuls (the model's fast path; the
 plain path stays the reference the chapters build). float32 and bfloat16.
 """
 

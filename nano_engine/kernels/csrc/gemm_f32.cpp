@@ -21,6 +21,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "simd.h"
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
@@ -104,18 +106,13 @@ void block_bf16(const uint32_t *x, long ldx, const uint16_t *packed, uint16_t *y
             for (int p = 0; p < P; p++) acc[r][p] = _mm512_dpbf16_ps(acc[r][p], xv, wv[p]);
         }
     }
-    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff), qnan = _mm512_set1_epi32(0x7fc0);
     for (int p = 0; p < P; p++) {
         const int n0 = 16 * (p0 + p), cols = N - n0 < 16 ? N - n0 : 16;
         const __mmask16 mask = cols >= 16 ? 0xffff : static_cast<__mmask16>((1u << cols) - 1);
         const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
         for (int r = 0; r < R; r++) {
             const __m512 v = bias ? _mm512_add_ps(acc[r][p], b) : acc[r][p];
-            // round to nearest even (PyTorch's c10::round_to_nearest_even; a NaN becomes 0x7fc0)
-            const __m512i u = _mm512_castps_si512(v);
-            const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-            __m512i h = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, half), odd), 16);
-            h = _mm512_mask_mov_epi32(h, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), qnan);
+            const __m512i h = _mm512_srli_epi32(_mm512_castps_si512(simd::round_bf16({v}).v), 16);  // ties to even
             _mm256_mask_storeu_epi16(y + (m0 + r) * ldy + n0, mask, _mm512_cvtepi32_epi16(h));
         }
     }
@@ -184,21 +181,26 @@ extern "C" void pack_bf16_pairs(const uint16_t *w, uint16_t *out, int N, int K) 
 extern "C" void gemm_bf16_dot(const uint16_t *x, long ldx, const uint16_t *packed, uint16_t *y, long ldy,
                               const float *bias, int M, int N, int K, int threads) {
     const int pairs = (K + 1) / 2;
-    uint16_t *xp = new uint16_t[static_cast<long>(M) * pairs * 2];  // x as pairs, a zero after an odd K
-    for (long m = 0; m < M; m++) {
+    // The rows as 32-bit pairs: read in place when K, the row stride and the address allow it, else
+    // copied (with a zero after an odd K).
+    const bool copy = K % 2 || ldx % 2 || reinterpret_cast<uintptr_t>(x) % 4;
+    uint16_t *xp = copy ? new uint16_t[static_cast<long>(M) * pairs * 2] : nullptr;
+    for (long m = 0; copy && m < M; m++) {
         std::memcpy(xp + m * pairs * 2, x + m * ldx, static_cast<size_t>(K) * 2);
         if (K % 2) xp[m * pairs * 2 + K] = 0;
     }
+    const uint32_t *rows = reinterpret_cast<const uint32_t *>(copy ? xp : x);
+    const long ld = copy ? pairs : ldx / 2;
     const int panels = (N + 15) / 16, groups = (panels + NP - 1) / NP;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int g = 0; g < groups; g++) {
         const int p0 = g * NP, P = panels - p0 < NP ? panels - p0 : NP;
         for (int m0 = 0; m0 < M; m0 += MR) {
             const int R = M - m0 < MR ? M - m0 : MR;
-            pick<Bf16>(R, P)(reinterpret_cast<const uint32_t *>(xp), pairs, packed, y, ldy, bias, m0, p0, N, pairs);
+            pick<Bf16>(R, P)(rows, ld, packed, y, ldy, bias, m0, p0, N, pairs);
         }
     }
-    delete[] xp;
+    delete[] xp;  // null when read in place
 }
 #else
 extern "C" void pack_bf16_pairs(const uint16_t *, uint16_t *, int, int) {}
