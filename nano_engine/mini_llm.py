@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import checks
-from .kernels import fused
+from .kernels import decoder, fused
 from .kernels import paged_attention as attention_kernel
 from .kernels.linear import NEEDS, PackedWeight, can_prepack, linear
 
@@ -263,6 +263,8 @@ class _Decoder(nn.Module):  # named `model` inside Transformer so HF checkpoint 
 
 
 class Transformer(nn.Module):
+    _decoder: "decoder.Plan | bool | None" = None  # the one-call path's plan; False: it cannot run; None: not made
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
@@ -282,10 +284,28 @@ class Transformer(nn.Module):
         attend = attend or causal_attend
         x = self.model.embed_tokens(input_ids)  # (T, D)
         cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
+        if (plan := self._one_call(attend)) is not None:  # the engine's fast path: the same kernels, one call
+            paged = attend.plan
+            return decoder.forward(plan, x, cos, sin, paged.slot_mapping, attend.cache.k, attend.cache.v, paged.kernel)
         delta = None  # the last block's output not yet added to x (Block.step): x + delta, then the norm
         for block in self.model.layers:
             x, delta = block.step(x, delta, cos, sin, attend)
         return self.model.norm(x) if delta is None else self.model.norm.add(x, delta)[1]
+
+    def _one_call(self, attend) -> "decoder.Plan | None":
+        """The plan for running every layer in one compiled call (kernels/decoder.py), where this
+        step allows it: the engine's attention with its compiled kernel (attention_backend="c"), no
+        gradient, no profiler; None otherwise (and where the model cannot)."""
+        if (getattr(getattr(attend, "plan", None), "kernel", None) is None or torch.is_grad_enabled()
+                or torch.autograd.profiler._is_profiler_enabled or self._decoder is False):
+            return None
+        if self._decoder is None or not self._decoder.current():
+            self._decoder = decoder.make_plan(self) or False
+        return self._decoder or None
+
+    def _apply(self, fn, *args, **kwargs):  # .to(), .float(), ...: new tensors, a new plan
+        self._decoder = None
+        return super()._apply(fn, *args, **kwargs)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)  # (rows, vocab)
@@ -367,6 +387,7 @@ class Transformer(nn.Module):
         return self
 
     def _fuse(self, on: bool) -> None:
+        self._decoder = None  # made again at the next step, for the new weights
         for module in self.modules():
             if isinstance(module, (RMSNorm, Attention, MLP)):
                 module.fused = on

@@ -94,6 +94,21 @@ def build_batch(chunks: Sequence[SeqChunk], block_size: int) -> Batch:
     )
 
 
+class PagedAttend:
+    """The attention the model calls at each layer of one step: (layer, q, k, v) -> out. Its cache
+    and plan are there too, for a model that runs all its layers in one compiled call
+    (kernels/decoder.py, through Transformer.forward)."""
+
+    def __init__(self, cache: PagedKVCache, plan: AttentionPlan):
+        self.cache, self.plan = cache, plan
+
+    def __call__(self, layer: int, q, k, v):
+        # New K, V go into their slots first: decodes then read their whole context,
+        # old and new tokens alike, from the cache.
+        self.cache.write(layer, self.plan.slot_mapping, k, v)
+        return paged_attention(self.plan, self.cache.k[layer], self.cache.v[layer], q, k, v)
+
+
 class ModelRunner:
     """Holds the model and its paged KV cache; runs one batch per step."""
 
@@ -119,17 +134,9 @@ class ModelRunner:
                               self.block_size, self.model.config.num_key_value_heads, self.buffers,
                               backend=self.attention_backend, num_blocks=self.kv_cache.num_blocks)
 
-    def paged_attend(self, batch: Batch):
+    def paged_attend(self, batch: Batch) -> "PagedAttend":
         """The attention function the model calls at each layer, for this batch."""
-        cache, plan = self.kv_cache, self.plan(batch)
-
-        def attend(layer: int, q, k, v):
-            # New K, V go into their slots first: decodes then read their whole context,
-            # old and new tokens alike, from the cache.
-            cache.write(layer, plan.slot_mapping, k, v)
-            return paged_attention(plan, cache.k[layer], cache.v[layer], q, k, v)
-
-        return attend
+        return PagedAttend(self.kv_cache, self.plan(batch))
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:

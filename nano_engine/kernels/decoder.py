@@ -1,0 +1,176 @@
+"""A prepacked model's layers in one compiled call per step (csrc/decoder.cpp), where they would
+otherwise be about nine kernel calls per layer from Python.
+
+The C code calls the same kernels as the layer-by-layer path (mini_llm.Block.step on a prepacked
+model with attention_backend="c"), with the same arguments in the same order, so every row gets the
+same bits; it only removes the Python between them (argument checks, ctypes calls and tensor
+allocations: about 3 ms of a 9 ms batch-1 decode step of the embedded model in bfloat16).
+
+It runs when all of this holds, and the layer-by-layer path runs otherwise, with the same result:
+the engine's step (the runner's attention, with attention_backend="c"), a prepacked model with its
+fused kernels whose matmuls run on our kernels ("f32", "bf16_dot" or "amx" with no padding of K),
+a Llama-shaped layer (no per-head q/k norm: Qwen3 takes the other path), no gradient, and no
+torch.profiler running (under the profiler the layers run one by one, so that it sees each kernel).
+
+The plan (every layer's weight addresses) is made once per model and made again after `prepack`,
+`unpack`, `.to()` or an in-place change of any weight it reads (each weight's version counter is
+compared at every step). Replacing a parameter by another tensor after `prepack` is not seen: call
+`prepack()` again, as for the packed weights themselves.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+
+import torch
+
+from . import build, fused
+from . import linear as _linear
+from . import paged_attention as attention_kernel
+
+SOURCE = build.CSRC / "decoder.cpp"
+P, I, L, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
+
+
+class Kernels(ctypes.Structure):
+    _fields_ = [(name, P) for name in ("gemm", "norm", "add_norm", "silu_mul", "rope", "attention")]
+
+
+class Shape(ctypes.Structure):
+    _fields_ = [("layers", I), ("hidden", I), ("inter", I), ("nh", I), ("nkv", I), ("hd", I), ("elem", I),
+                ("eps", F), ("scale", F), ("final_norm", P)]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [(name, P) for name in ("input_norm", "post_norm", "qkv", "o", "gate_up", "down", "qkv_bias")]
+
+
+class Step(ctypes.Structure):
+    _fields_ = [("tokens", I), ("cos", P), ("sin", P), ("slots", P), ("query_start", P), ("num_cached", P),
+                ("tables", P), ("num_seqs", I), ("max_blocks", I), ("block_size", I), ("k_caches", P),
+                ("v_caches", P), ("work", P), ("threads", I)]
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.decoder_workspace.argtypes = [ctypes.POINTER(Shape), I]
+    lib.decoder_workspace.restype = L
+    lib.decoder_forward.argtypes = [ctypes.POINTER(Kernels), ctypes.POINTER(Shape), ctypes.POINTER(Layer),
+                                    ctypes.POINTER(Step), P, P]
+    lib.decoder_forward.restype = None
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    return build.load_if(SOURCE, (), _declare)
+
+
+def _address(fn) -> int:
+    return ctypes.cast(fn, P).value
+
+
+def _kernels(dtype: torch.dtype, kind: str) -> Kernels | None:
+    name = {torch.float32: "f32", torch.bfloat16: "bf16"}[dtype]
+    gemm = {"f32": lambda: _linear.f32_library().gemm_f32, "bf16_dot": lambda: _linear.bf16_dot_library().gemm_bf16_dot,
+            "amx": lambda: _linear.amx_library().gemm_bf16}[kind]()
+    f, a = fused.library(), attention_kernel.library()
+    return Kernels(_address(gemm), _address(getattr(f, f"rms_norm_{name}")), _address(getattr(f, f"add_rms_norm_{name}")),
+                   _address(getattr(f, f"silu_mul_{name}")), _address(getattr(f, f"rope_{name}")),
+                   _address(getattr(a, f"paged_attention_{name}")))
+
+
+class Plan:
+    """Everything decoder_forward reads that stays from step to step: the kernels' addresses, the
+    shapes, and each layer's weights (held here, so that no address outlives its tensor)."""
+
+    def __init__(self, kernels: Kernels, shape: Shape, layers, held: list[torch.Tensor], watched):
+        self.kernels, self.shape, self.held, self.watched = kernels, shape, held, watched
+        self.layers = (Layer * len(layers))(*layers)
+        self.versions = self._versions()
+        self.local = threading.local()  # each thread's workspace (a step's buffers)
+
+    def _versions(self) -> list[int]:
+        return [t._version for t in self.watched]
+
+    def current(self) -> bool:
+        return self._versions() == self.versions
+
+    def workspace(self, tokens: int) -> torch.Tensor:
+        need = library().decoder_workspace(ctypes.byref(self.shape), tokens)
+        work = getattr(self.local, "work", None)
+        if work is None or work.numel() < need:
+            self.local.work = work = torch.empty(need, dtype=torch.uint8)  # as large as the largest step so far
+        return work
+
+
+def make_plan(model) -> Plan | None:
+    """The model's plan, or None where the layers cannot run in one call (see the module docstring)."""
+    cfg, dtype = model.config, model.dtype
+    if dtype not in (torch.float32, torch.bfloat16) or cfg.qk_norm or cfg.head_dim % 2 or library() is None:
+        return None
+    if not fused.available(dtype) or not model.prepacked:
+        return None
+    kinds = set()
+    layers, held, watched = [], [], []
+    eps = {model.model.norm.eps}
+    for block in model.model.layers:
+        a, m = block.self_attn, block.mlp
+        packs = [getattr(a, "qkv_packed", None), a.o_proj.packed, getattr(m, "gate_up_packed", None), m.down_proj.packed]
+        if any(p is None or not p.own or getattr(p, "kp", p.k) != p.k for p in packs):
+            return None
+        if not all(getattr(mod, "fused", False) for mod in (a, m, block.input_layernorm, block.post_attention_layernorm)):
+            return None
+        kinds |= {p.kind for p in packs}
+        eps |= {block.input_layernorm.eps, block.post_attention_layernorm.eps}
+        bias = None
+        if a.qkv_bias is not None:
+            bias = a.qkv_bias.detach().contiguous() if dtype == torch.float32 else None
+            address = bias.data_ptr() if bias is not None else packs[0]._bias_f32(a.qkv_bias)
+            held.append(bias if bias is not None else packs[0]._bias[1])
+            watched.append(a.qkv_bias)
+        norms = [block.input_layernorm.weight, block.post_attention_layernorm.weight]
+        if not all(w.is_contiguous() for w in norms):
+            return None
+        held += norms + [p.tensor for p in packs]
+        watched += norms + [a.qkv_weight, a.o_proj.weight, m.gate_up_weight, m.down_proj.weight]
+        layers.append(Layer(*(t.data_ptr() for t in norms), *(p.tensor.data_ptr() for p in packs),
+                            address if a.qkv_bias is not None else None))
+    final = model.model.norm.weight
+    if len(kinds) != 1 or len(eps) != 1 or not final.is_contiguous():
+        return None
+    held.append(final)
+    watched.append(final)
+    shape = Shape(cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
+                  cfg.num_key_value_heads, cfg.head_dim, torch.finfo(dtype).bits // 8, eps.pop(),
+                  cfg.head_dim ** -0.5, final.data_ptr())
+    return Plan(_kernels(dtype, kinds.pop()), shape, layers, held, watched)
+
+
+def forward(plan: Plan, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor,
+            k_caches, v_caches, batch) -> torch.Tensor:
+    """The hidden states after the final norm, (T, hidden), for embeddings x (T, hidden) of a step
+    whose attention is `batch` (kernels.paged_attention.kernel_batch, checked when it was made)
+    over the paged caches (one (slots, nkv, hd) tensor per layer for K and for V)."""
+    T, s = x.shape[0], plan.shape
+    if len(k_caches) != s.layers or len(v_caches) != s.layers or T != batch.num_tokens:
+        raise ValueError(f"{len(k_caches)} layers of cache and {batch.num_tokens} tokens in the batch for a model of "
+                         f"{s.layers} layers and {T} tokens")
+    first = k_caches[0]
+    if (first.dtype != x.dtype or not first.is_contiguous() or tuple(first.shape[1:]) != (s.nkv, s.hd)
+            or first.shape[0] < batch.num_blocks * batch.block_size):
+        raise ValueError(f"the KV cache is {first.dtype} {tuple(first.shape)}; the model needs {x.dtype} "
+                         f"(>= {batch.num_blocks * batch.block_size}, {s.nkv}, {s.hd}), contiguous")
+    x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
+    slots = slot_mapping.to(torch.int64).contiguous()
+    out = torch.empty_like(x)
+    work = plan.workspace(T)
+    pointers = ctypes.c_void_p * s.layers
+    ks, vs = pointers(*(t.data_ptr() for t in k_caches)), pointers(*(t.data_ptr() for t in v_caches))  # live past the call
+    step = Step(T, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), batch.query_start.data_ptr(),
+                batch.num_cached.data_ptr(), batch.block_tables.data_ptr(), len(batch.num_cached),
+                batch.block_tables.shape[1], batch.block_size, ctypes.addressof(ks), ctypes.addressof(vs),
+                work.data_ptr(), torch.get_num_threads())
+    library().decoder_forward(ctypes.byref(plan.kernels), ctypes.byref(plan.shape), plan.layers, ctypes.byref(step),
+                              x.data_ptr(), out.data_ptr())
+    return out

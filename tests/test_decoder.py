@@ -1,0 +1,113 @@
+"""The engine's one-call decoder (kernels/decoder.py): every layer of a step in one compiled call,
+with the bits of the layer-by-layer path, and never with a weight it no longer matches."""
+
+import pytest
+import torch
+
+from nano_engine import LLMEngine, SamplingParams
+from nano_engine.kernels import decoder
+from nano_engine.kernels.linear import packed_kind
+from nano_engine.mini_llm import ModelConfig, Transformer
+from nano_engine.paged import BlockPool
+from nano_engine.runner import ModelRunner, SeqChunk, build_batch
+
+# The dtypes whose matmuls run on a kernel of ours here (the decoder calls only those).
+OURS = [dt for dt in (torch.float32, torch.bfloat16) if packed_kind(dt) in ("f32", "bf16_dot", "amx")]
+
+
+def biased_model(dtype) -> Transformer:
+    """A tiny Qwen2-shaped model: a bias on q, k and v (the one bias the decoder adds)."""
+    cfg = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, attention_bias=True,
+                      model_type="qwen2")
+    gen = torch.Generator().manual_seed(0)
+    model = Transformer(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    return model.to(dtype).eval().fuse().prepack()
+
+
+def two_steps(model, seed=0):
+    """Logits of a step holding a fresh prompt, the rest of a prompt over its cached part and a
+    decode, after a first step that cached their beginnings; and the K cache after it."""
+    bs, pool = 16, BlockPool(40)
+    runner = ModelRunner(model, 40, bs, attention_backend="c")
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    seqs = [torch.randint(1, vocab, (n,), generator=g).tolist() for n in (37, 45, 21)]
+    tables = [pool.allocate(4) for _ in seqs]
+    runner.forward(build_batch([SeqChunk(seqs[1][:30], 0, tables[1], False),
+                                SeqChunk(seqs[2][:20], 0, tables[2], False)], bs))
+    logits = runner.forward(build_batch([SeqChunk(seqs[0], 0, tables[0], True),
+                                         SeqChunk(seqs[1][30:], 30, tables[1], True),
+                                         SeqChunk(seqs[2][20:], 20, tables[2], True)], bs))
+    return logits, [k.clone() for k in runner.kv_cache.k] + [v.clone() for v in runner.kv_cache.v]
+
+
+def layer_by_layer(model, monkeypatch, seed=0):
+    with monkeypatch.context() as m:
+        m.setattr(decoder, "make_plan", lambda model: None)
+        model._decoder = None
+        out = two_steps(model, seed)
+    model._decoder = None
+    return out
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    return {dt: Transformer.from_pretrained(dtype=dt, prepack=True) for dt in OURS}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_call_gives_every_bit_of_the_layer_by_layer_path(dtype, embedded, monkeypatch):
+    """The same logits and the same K and V in the cache, on the embedded model and on a model with a
+    q/k/v bias; where this CPU has no kernel of ours for the dtype, the model has no plan."""
+    if dtype not in OURS:
+        model = biased_model(torch.float32) if dtype == torch.float32 else None
+        assert model is None or decoder.make_plan(model) is None
+        return
+    for model in (embedded[dtype], biased_model(dtype)):
+        fast, fast_cache = two_steps(model)
+        assert isinstance(model._decoder, decoder.Plan)  # it ran
+        slow, slow_cache = layer_by_layer(model, monkeypatch)
+        assert torch.equal(fast, slow)
+        assert all(torch.equal(a, b) for a, b in zip(fast_cache, slow_cache))
+
+
+@pytest.mark.parametrize("dtype", OURS)
+def test_a_weight_changed_in_place_is_read_at_the_next_step(dtype, monkeypatch):
+    model = biased_model(dtype)
+    before, _ = two_steps(model)
+    with torch.no_grad():
+        model.model.layers[1].post_attention_layernorm.weight.mul_(1.5)  # read by the decoder as it is
+    after, _ = two_steps(model)
+    assert isinstance(model._decoder, decoder.Plan)
+    assert not torch.equal(before, after)
+    assert torch.equal(after, layer_by_layer(model, monkeypatch)[0])
+    two_steps(model)
+    assert isinstance(model._decoder, decoder.Plan)
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(2.0)  # its pack is stale: no plan, the plain matmul
+    changed, _ = two_steps(model)
+    assert model._decoder is False
+    assert torch.equal(changed, layer_by_layer(model, monkeypatch)[0])
+    model.prepack()  # packed again: the decoder again
+    assert torch.equal(two_steps(model)[0], changed)
+    assert isinstance(model._decoder, decoder.Plan)
+    other = torch.float32 if dtype == torch.bfloat16 else torch.bfloat16
+    model.to(other)  # new tensors, their packs stale: the layer-by-layer path
+    two_steps(model)
+    assert model.dtype == other and model._decoder is False
+
+
+@pytest.mark.parametrize("dtype", OURS)
+def test_the_profiler_sees_each_kernel(dtype):
+    """Under torch.profiler the layers run one by one, so bench/breakdown.py can split a step."""
+    model = biased_model(dtype)
+    engine = LLMEngine(model, attention_backend="c")
+    with torch.profiler.profile() as prof:
+        engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2))
+    names = {e.key for e in prof.key_averages()}
+    assert {"nano_engine::paged_attention", "nano_engine::add_rms_norm"} <= names
+    assert any(n.startswith("nano_engine::gemm") for n in names)
