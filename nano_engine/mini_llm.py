@@ -195,6 +195,9 @@ class Attention(nn.Module):
                 if not (getattr(self, "fused", False) and fused.rope_(qk, cos, sin)):  # in place, compiled
                     qk = apply_rope(qk, cos, sin)
                 q, k = qk[:, :nh], qk[:, nh:]
+            elif getattr(self, "fused", False) and fused.qk_norm_rope_(qk, nh, self.q_norm.weight, self.k_norm.weight,
+                                                                      self.q_norm.eps, cos, sin):
+                q, k = qk[:, :nh], qk[:, nh:]  # each head normalised, then rotated, in place, compiled
             else:
                 q, k = apply_rope(self.q_norm(qk[:, :nh]), cos, sin), apply_rope(self.k_norm(qk[:, nh:]), cos, sin)
         else:

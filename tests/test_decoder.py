@@ -10,6 +10,7 @@ from nano_engine.kernels.linear import packed_kind
 from nano_engine.mini_llm import ModelConfig, Transformer
 from nano_engine.paged import BlockPool
 from nano_engine.runner import ModelRunner, SeqChunk, build_batch
+from nano_engine.tiny import tiny_model
 
 # The dtypes whose matmuls run on a kernel of ours here (the decoder calls only those).
 OURS = [dt for dt in (torch.float32, torch.bfloat16) if packed_kind(dt) in ("f32", "bf16_dot", "amx")]
@@ -61,13 +62,13 @@ def embedded():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_one_call_gives_every_bit_of_the_layer_by_layer_path(dtype, embedded, monkeypatch):
-    """The same logits and the same K and V in the cache, on the embedded model and on a model with a
-    q/k/v bias; where this CPU has no kernel of ours for the dtype, the model has no plan."""
+    """The same logits and the same K and V in the cache, on the embedded model, on a model with a
+    q/k/v bias (Qwen2) and on one with a norm on each q and k head (Qwen3); where this CPU has no kernel of ours for the dtype, the model has no plan."""
     if dtype not in OURS:
         model = biased_model(torch.float32) if dtype == torch.float32 else None
         assert model is None or decoder.make_plan(model) is None
         return
-    for model in (embedded[dtype], biased_model(dtype)):
+    for model in (embedded[dtype], biased_model(dtype), tiny_model(seed=4, dtype=dtype, qk_norm=True).fuse().prepack()):
         fast, fast_cache = two_steps(model)
         assert isinstance(model._decoder, decoder.Plan)  # it ran
         slow, slow_cache = layer_by_layer(model, monkeypatch)

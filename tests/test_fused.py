@@ -1,5 +1,6 @@
 """The fused small operations of the prepacked fast path (kernels/fused.py, csrc/fused.cpp): RMSNorm
-(alone and with the residual add before it), silu(gate) * up and the rotary embedding compute what
+(alone and with the residual add before it), silu(gate) * up and the rotary embedding (alone and
+after Qwen3's norm of each q and k head) compute what
 PyTorch computes, give a row the same bits in any batch and with any thread count, leave layouts
 they do not take to the plain path, and come and go with Transformer.prepack / unpack. The add
 fused into the norm keeps the bits of the two apart, in the model too."""
@@ -18,6 +19,7 @@ from nano_engine.tiny import tiny_model
 
 DTYPES = [torch.float32, torch.bfloat16]
 ROWS = (1, 2, 15, 16, 17, 33, 64, 100, 512, 600)
+NAMES = ["rms_norm", "add_rms_norm", "silu_mul", "rope", "qk_norm_rope"]
 
 
 def tol(dtype):
@@ -42,6 +44,22 @@ def ops(dtype, dim=576, inter=1536, hd=64, heads=12, rows=700):
         assert fused.rope_(y, cos[a:b], sin[a:b])
         return y
 
+    nh = heads * 2 // 3  # query heads, then key heads (Qwen3's q and k after their projection)
+    head_norms = [RMSNorm(hd, 1e-6) for _ in range(2)]
+    with torch.no_grad():
+        for n in head_norms:
+            n.weight.copy_(torch.rand(hd, generator=gen) + 0.5)
+    wq, wk = (n.to(dtype) for n in head_norms)
+
+    def qk_norm_rope(a, b):
+        y = qk[a:b].clone()
+        assert fused.qk_norm_rope_(y, nh, wq.weight, wk.weight, wq.eps, cos[a:b], sin[a:b])
+        return y
+
+    def qk_norm_rope_reference(a, b):
+        q, k = wq(qk[a:b, :nh]), wk(qk[a:b, nh:])
+        return apply_rope(torch.cat((q, k), 1).float(), cos[a:b].float(), sin[a:b].float()).to(dtype)
+
     return {
         "rms_norm": (lambda a, b: fused.rms_norm(x[a:b], norm.weight, norm.eps), lambda a, b: norm(x[a:b])),
         "add_rms_norm": (lambda a, b: torch.cat(fused.add_rms_norm(x[a:b], d[a:b], norm.weight, norm.eps), 1),
@@ -49,11 +67,12 @@ def ops(dtype, dim=576, inter=1536, hd=64, heads=12, rows=700):
         "silu_mul": (lambda a, b: fused.silu_mul(gu[a:b]),
                      lambda a, b: (F.silu(gu[a:b, :inter].float()) * gu[a:b, inter:].float()).to(dtype)),
         "rope": (rope, lambda a, b: apply_rope(qk[a:b].float(), cos[a:b].float(), sin[a:b].float()).to(dtype)),
+        "qk_norm_rope": (qk_norm_rope, qk_norm_rope_reference),
     }
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", ["rms_norm", "add_rms_norm", "silu_mul", "rope"])
+@pytest.mark.parametrize("name", NAMES)
 def test_each_computes_what_pytorch_computes(name, dtype):
     kernel, reference = ops(dtype)[name]
     got, want = kernel(0, 300), reference(0, 300)
@@ -62,7 +81,7 @@ def test_each_computes_what_pytorch_computes(name, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", ["rms_norm", "add_rms_norm", "silu_mul", "rope"])
+@pytest.mark.parametrize("name", NAMES)
 def test_a_row_gets_the_same_bits_in_any_batch(name, dtype):
     kernel, _ = ops(dtype, dim=100, inter=70, hd=24, heads=3)[name]  # sizes that are not multiples of 16 too
     probe = [0, 1, 15, 16, 17, 99, 511, 599]
@@ -90,6 +109,22 @@ def test_the_add_fused_into_the_norm_keeps_the_bits_of_the_two_apart(dim, dtype)
     w = (torch.rand(dim, generator=gen) + 0.5).to(dtype)
     res, out = fused.add_rms_norm(x, d, w, 1e-6)
     assert torch.equal(res, x + d) and torch.equal(out, fused.rms_norm(x + d, w, 1e-6))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hd", [128, 24])
+def test_qwen3s_head_norm_is_rms_norm_then_rope_to_the_bit(hd, dtype):
+    """Each q and k head normalised with rms_norm's arithmetic, then rotated as rope_ rotates."""
+    gen = torch.Generator().manual_seed(hd)
+    qk = torch.randn(9, 6, hd, generator=gen).to(dtype)
+    wq, wk = ((torch.rand(hd, generator=gen) + 0.5).to(dtype) for _ in range(2))
+    cos, sin = rope_cos_sin(torch.rand(hd // 2, generator=gen), torch.arange(9) * 3, dtype)
+    got = qk.clone()
+    assert fused.qk_norm_rope_(got, 4, wq, wk, 1e-6, cos, sin)
+    want = torch.cat((fused.rms_norm(qk[:, :4].reshape(-1, hd), wq, 1e-6).view(9, 4, hd),
+                      fused.rms_norm(qk[:, 4:].reshape(-1, hd), wk, 1e-6).view(9, 2, hd)), 1)
+    assert fused.rope_(want, cos, sin)
+    assert torch.equal(got, want)
 
 
 def test_layouts_they_do_not_take_go_back_to_the_plain_path():

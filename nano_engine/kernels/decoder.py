@@ -7,10 +7,10 @@ same bits; it only removes the Python between them (argument checks, ctypes call
 allocations: about 3 ms of a 9 ms batch-1 decode step of the embedded model in bfloat16).
 
 It runs when all of this holds, and the layer-by-layer path runs otherwise, with the same result:
-the engine's step (the runner's attention, with attention_backend="c"), a prepacked model with its
-fused kernels whose matmuls run on our kernels ("f32", "bf16_dot" or "amx" with no padding of K),
-a Llama-shaped layer (no per-head q/k norm: Qwen3 takes the other path), no gradient, and no
-torch.profiler running (under the profiler the layers run one by one, so that it sees each kernel).
+the engine's step (the runner's attention, with attention_backend="c"), a prepacked model (Llama,
+Qwen2 or Qwen3) with its fused kernels, whose matmuls run on our kernels ("f32", "bf16_dot", or
+"amx" with no padding of K), no gradient, and no torch.profiler running (under the profiler the
+layers run one by one, so that it sees each kernel).
 
 The plan (every layer's weight addresses) is made once per model and made again after `prepack`,
 `unpack`, `.to()` or an in-place change of any weight it reads (each weight's version counter is
@@ -35,7 +35,7 @@ P, I, L, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
 
 
 class Kernels(ctypes.Structure):
-    _fields_ = [(name, P) for name in ("gemm", "norm", "add_norm", "silu_mul", "rope", "attention")]
+    _fields_ = [(name, P) for name in ("gemm", "norm", "add_norm", "silu_mul", "rope", "qk_norm_rope", "attention")]
 
 
 class Shape(ctypes.Structure):
@@ -44,7 +44,8 @@ class Shape(ctypes.Structure):
 
 
 class Layer(ctypes.Structure):
-    _fields_ = [(name, P) for name in ("input_norm", "post_norm", "qkv", "o", "gate_up", "down", "qkv_bias")]
+    _fields_ = [(name, P) for name in ("input_norm", "post_norm", "qkv", "o", "gate_up", "down", "qkv_bias",
+                                       "q_norm", "k_norm")]
 
 
 class Step(ctypes.Structure):
@@ -77,7 +78,7 @@ def _kernels(dtype: torch.dtype, kind: str) -> Kernels | None:
     f, a = fused.library(), attention_kernel.library()
     return Kernels(_address(gemm), _address(getattr(f, f"rms_norm_{name}")), _address(getattr(f, f"add_rms_norm_{name}")),
                    _address(getattr(f, f"silu_mul_{name}")), _address(getattr(f, f"rope_{name}")),
-                   _address(getattr(a, f"paged_attention_{name}")))
+                   _address(getattr(f, f"qk_norm_rope_{name}")), _address(getattr(a, f"paged_attention_{name}")))
 
 
 class Plan:
@@ -107,7 +108,7 @@ class Plan:
 def make_plan(model) -> Plan | None:
     """The model's plan, or None where the layers cannot run in one call (see the module docstring)."""
     cfg, dtype = model.config, model.dtype
-    if dtype not in (torch.float32, torch.bfloat16) or cfg.qk_norm or cfg.head_dim % 2 or library() is None:
+    if dtype not in (torch.float32, torch.bfloat16) or cfg.head_dim % 2 or library() is None:
         return None
     if not fused.available(dtype) or not model.prepacked:
         return None
@@ -130,12 +131,16 @@ def make_plan(model) -> Plan | None:
             held.append(bias if bias is not None else packs[0]._bias[1])
             watched.append(a.qkv_bias)
         norms = [block.input_layernorm.weight, block.post_attention_layernorm.weight]
-        if not all(w.is_contiguous() for w in norms):
+        head_norms = [a.q_norm.weight, a.k_norm.weight] if cfg.qk_norm else []
+        if cfg.qk_norm:
+            eps |= {a.q_norm.eps, a.k_norm.eps}
+        if not all(w.is_contiguous() for w in norms + head_norms):
             return None
-        held += norms + [p.tensor for p in packs]
-        watched += norms + [a.qkv_weight, a.o_proj.weight, m.gate_up_weight, m.down_proj.weight]
+        held += norms + head_norms + [p.tensor for p in packs]
+        watched += norms + head_norms + [a.qkv_weight, a.o_proj.weight, m.gate_up_weight, m.down_proj.weight]
         layers.append(Layer(*(t.data_ptr() for t in norms), *(p.tensor.data_ptr() for p in packs),
-                            address if a.qkv_bias is not None else None))
+                            address if a.qkv_bias is not None else None,
+                            *(t.data_ptr() for t in head_norms)))
     final = model.model.norm.weight
     if len(kinds) != 1 or len(eps) != 1 or not final.is_contiguous():
         return None

@@ -1,6 +1,7 @@
 """RMSNorm (alone, or with the residual add before it), SwiGLU's silu(gate) * up and the rotary
-embedding, each one compiled pass (csrc/fused.cpp) instead of five to eight PyTorch operators, with
-the same bits for a row in any batch. `Transformer.prepack` turns them on with the packed matmuls (the model's fast path; the
+embedding (alone, or after Qwen3's norm of each q and k head), each one compiled pass
+(csrc/fused.cpp) instead of five to eight PyTorch operators, with the same bits for a row in any
+batch. `Transformer.prepack` turns them on with the packed matmuls (the model's fast path; the
 plain path stays the reference the chapters build). float32 and bfloat16.
 """
 
@@ -25,7 +26,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         getattr(lib, f"add_rms_norm_{name}").argtypes = [P, L, P, L, P, P, L, P, L, I, I, F, I]
         getattr(lib, f"silu_mul_{name}").argtypes = [P, L, P, L, I, I, I]
         getattr(lib, f"rope_{name}").argtypes = [P, L, P, P, I, I, I, I]
-        for fn in ("rms_norm", "add_rms_norm", "silu_mul", "rope"):
+        getattr(lib, f"qk_norm_rope_{name}").argtypes = [P, L, P, P, P, P, I, I, I, I, F, I]
+        for fn in ("rms_norm", "add_rms_norm", "silu_mul", "rope", "qk_norm_rope"):
             getattr(lib, f"{fn}_{name}").restype = None
 
 
@@ -85,11 +87,33 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     return out
 
 
+def _heads(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """x (T, heads, hd) with contiguous heads, and cos, sin (T, hd) to rotate it by: what rope_ takes."""
+    return not (x.dim() != 3 or x.dtype not in DTYPES or x.stride(2) != 1 or x.stride(1) != x.shape[2]
+                or x.shape[2] % 2 or cos.dtype != x.dtype or sin.dtype != x.dtype or not cos.is_contiguous()
+                or not sin.is_contiguous() or cos.shape != (x.shape[0], x.shape[2]) or sin.shape != cos.shape)
+
+
+def qk_norm_rope_(qk: torch.Tensor, nh: int, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+                  cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Qwen3's q and k: qk (T, nh + nkv, hd), nh query heads then the key heads, each head
+    RMS-normalised in place (by q_weight or k_weight, hd values each), then rotated by cos, sin
+    (T, hd), as rope_; False (untouched) for a layout it does not take."""
+    if not _heads(qk, cos, sin) or not 0 <= nh <= qk.shape[1]:
+        return False
+    hd = qk.shape[2]
+    if any(w.dtype != qk.dtype or not w.is_contiguous() or w.shape != (hd,) for w in (q_weight, k_weight)):
+        return False
+    with _build.profiled("nano_engine::qk_norm_rope"):
+        getattr(library(), f"qk_norm_rope_{_NAME[qk.dtype]}")(
+            qk.data_ptr(), qk.stride(0), q_weight.data_ptr(), k_weight.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+            qk.shape[0], nh, qk.shape[1] - nh, hd, eps, torch.get_num_threads())
+    return True
+
+
 def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Rotate x (T, heads, hd) in place by cos, sin (T, hd); False (untouched) for a layout it does not take."""
-    if (x.dim() != 3 or x.dtype not in DTYPES or x.stride(2) != 1 or x.stride(1) != x.shape[2] or x.shape[2] % 2
-            or cos.dtype != x.dtype or sin.dtype != x.dtype or not cos.is_contiguous() or not sin.is_contiguous()
-            or cos.shape != (x.shape[0], x.shape[2]) or sin.shape != cos.shape):
+    if not _heads(x, cos, sin):
         return False
     with _build.profiled("nano_engine::rope"):
         getattr(library(), f"rope_{_NAME[x.dtype]}")(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(),

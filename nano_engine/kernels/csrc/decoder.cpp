@@ -23,6 +23,8 @@ using AddNorm = void (*)(const void *x, long ldx, const void *d, long ldd, const
                          long ldo, int rows, int dim, float eps, int threads);
 using SiluMul = void (*)(const void *gu, long ld, void *out, long ldo, int rows, int inter, int threads);
 using Rope = void (*)(void *x, long ldx, const void *cos, const void *sin, int rows, int heads, int hd, int threads);
+using QkNormRope = void (*)(void *x, long ldx, const void *wq, const void *wk, const void *cos, const void *sin, int rows,
+                            int nh, int nkv, int hd, float eps, int threads);
 using Attention = void (*)(const void *q, const void *k_cache, const void *v_cache, void *out, const int32_t *query_start,
                            const int32_t *num_cached, const int32_t *tables, int num_seqs, int max_blocks, int nh, int nkv,
                            int hd, int bs, float scale, int threads);
@@ -38,6 +40,7 @@ struct Kernels {
     AddNorm add_norm;
     SiluMul silu_mul;
     Rope rope;
+    QkNormRope qk_norm_rope;
     Attention attention;
 };
 
@@ -49,7 +52,8 @@ struct Shape {
 
 struct Layer {  // one layer's weights: the norms' in the model's dtype, the matmuls' packed
     const void *input_norm, *post_norm, *qkv, *o, *gate_up, *down;
-    const float *qkv_bias;  // float32 (widened for bfloat16), or null
+    const float *qkv_bias;         // float32 (widened for bfloat16), or null
+    const void *q_norm, *k_norm;   // Qwen3's norms of each q and k head, or null
 };
 
 struct Step {
@@ -95,7 +99,8 @@ extern "C" long decoder_workspace(const Shape *s, int tokens) {
 }
 
 // x: the embeddings (T, hidden); out: the hidden states after the final norm (T, hidden).
-// Block.step's order: h = norm(x); per layer: q, k, v = h Wqkv (+ bias); rotate q and k; write k
+// Block.step's order: h = norm(x); per layer: q, k, v = h Wqkv (+ bias); rotate q and k (Qwen3:
+// normalise each of their heads first); write k
 // and v to their slots; attention; x, h = x + o, norm(...); x + down(silu(gate) * up) goes into the
 // next layer's first norm (or the final one) as the pending delta.
 extern "C" void decoder_forward(const Kernels *kn, const Shape *sp, const Layer *layers, const Step *st,
@@ -120,7 +125,10 @@ extern "C" void decoder_forward(const Kernels *kn, const Shape *sp, const Layer 
         else
             add_norm(L.input_norm, b.h);
         kn->gemm(b.h, D, L.qkv, b.qkv, W, L.qkv_bias, T, static_cast<int>(W), D, th);
-        kn->rope(b.qkv, W, st->cos, st->sin, T, s.nh + s.nkv, s.hd, th);
+        if (L.q_norm)
+            kn->qk_norm_rope(b.qkv, W, L.q_norm, L.k_norm, st->cos, st->sin, T, s.nh, s.nkv, s.hd, s.eps, th);
+        else
+            kn->rope(b.qkv, W, st->cos, st->sin, T, s.nh + s.nkv, s.hd, th);
         char *kc = static_cast<char *>(st->k_caches[l]), *vc = static_cast<char *>(st->v_caches[l]);
         for (long t = 0; t < T; t++) {
             const char *row = b.qkv + t * W * e;

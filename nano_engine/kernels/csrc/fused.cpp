@@ -3,7 +3,8 @@
 //   add_rms_norm: the residual add before it, in the same pass: res = x + d (rounded to the dtype, as
 //              PyTorch's add rounds), out = rms_norm(res), the bits of the two operations apart;
 //   silu_mul:  out = silu(gate) * up, SwiGLU's middle, from the fused gate/up projection;
-//   rope:      the rotary embedding of q and k, in place: pairs (i, i + hd / 2) of each head.
+//   rope:      the rotary embedding of q and k, in place: pairs (i, i + hd / 2) of each head;
+//   qk_norm_rope: Qwen3's RMSNorm of each q and k head, then rope, in place.
 // Each row is computed alone, by the same operations in the same order whatever the number of rows
 // or threads (simd.h; the sum of squares goes into 16 lanes, then the fixed tree), so a row's bits
 // do not depend on the batch. Arithmetic in float32; a bfloat16 result is rounded once, but for
@@ -97,25 +98,47 @@ template <typename T> void silu_mul(const T *gu, long ld, T *out, long ldo, int 
     }
 }
 
+// One head of hd values, rotated in place by its row's cos and sin (hd each).
+template <typename T> inline void rotate_head(T *v, const T *c, const T *s, int hd) {
+    const int half = hd / 2;
+    for (int i = 0; i < half; i += 16) {
+        const int n = half - i < 16 ? half - i : 16;
+        auto get = [n](const T *p) { return n == 16 ? load(p) : load_part(p, n); };
+        const V16 x1 = get(v + i), x2 = get(v + half + i);
+        const V16 c1 = get(c + i), c2 = get(c + half + i), s1 = get(s + i), s2 = get(s + half + i);
+        store_part(v + i, sub(mul(x1, c1), mul(x2, s1)), n);         // x1 cos - x2 sin
+        store_part(v + half + i, add(mul(x2, c2), mul(x1, s2)), n);  // x2 cos + x1 sin
+    }
+}
+
 // x: rows of `heads` heads of hd values (row stride ldx), rotated in place by each row's cos, sin (hd).
 template <typename T>
 void rope(T *x, long ldx, const T *cos, const T *sin, int rows, int heads, int hd, int threads) {
-    const int half = hd / 2;
 #pragma omp parallel for schedule(static) num_threads(threads) if (static_cast<long>(rows) * heads * hd >= PARALLEL)
-    for (int r = 0; r < rows; r++) {
-        const T *c = cos + static_cast<long>(r) * hd, *s = sin + static_cast<long>(r) * hd;
-        for (int h = 0; h < heads; h++) {
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < heads; h++)
+            rotate_head(x + r * ldx + static_cast<long>(h) * hd, cos + static_cast<long>(r) * hd,
+                        sin + static_cast<long>(r) * hd, hd);
+}
+
+// Qwen3's q and k: rows of nh query heads then nkv key heads (row stride ldx); each head normalised
+// in place (rms_norm's arithmetic over its hd values, weight wq for a query head, wk for a key
+// head), then rotated as rope does.
+template <typename T>
+void qk_norm_rope(T *x, long ldx, const T *wq, const T *wk, const T *cos, const T *sin, int rows, int nh, int nkv,
+                  int hd, float eps, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (static_cast<long>(rows) * (nh + nkv) * hd >= PARALLEL)
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < nh + nkv; h++) {
             T *v = x + r * ldx + static_cast<long>(h) * hd;
-            for (int i = 0; i < half; i += 16) {
-                const int n = half - i < 16 ? half - i : 16;
-                auto get = [n](const T *p) { return n == 16 ? load(p) : load_part(p, n); };
-                const V16 x1 = get(v + i), x2 = get(v + half + i);
-                const V16 c1 = get(c + i), c2 = get(c + half + i), s1 = get(s + i), s2 = get(s + half + i);
-                store_part(v + i, sub(mul(x1, c1), mul(x2, s1)), n);         // x1 cos - x2 sin
-                store_part(v + half + i, add(mul(x2, c2), mul(x1, s2)), n);  // x2 cos + x1 sin
+            V16 sq = zero();
+            for (int i = 0; i < hd; i += 16) {
+                const V16 a = i + 16 <= hd ? load(v + i) : load_part(v + i, hd - i);
+                sq = fma(a, a, sq);
             }
+            scale_row(v, h < nh ? wq : wk, v, hd, tree(sq), eps);  // in place: each 16 read before written
+            rotate_head(v, cos + static_cast<long>(r) * hd, sin + static_cast<long>(r) * hd, hd);
         }
-    }
 }
 
 }  // namespace
@@ -149,5 +172,13 @@ void rope_f32(float *x, long ldx, const float *cos, const float *sin, int rows, 
 void rope_bf16(uint16_t *x, long ldx, const uint16_t *cos, const uint16_t *sin, int rows, int heads, int hd,
                int threads) {
     rope(x, ldx, cos, sin, rows, heads, hd, threads);
+}
+void qk_norm_rope_f32(float *x, long ldx, const float *wq, const float *wk, const float *cos, const float *sin,
+                      int rows, int nh, int nkv, int hd, float eps, int threads) {
+    qk_norm_rope(x, ldx, wq, wk, cos, sin, rows, nh, nkv, hd, eps, threads);
+}
+void qk_norm_rope_bf16(uint16_t *x, long ldx, const uint16_t *wq, const uint16_t *wk, const uint16_t *cos,
+                       const uint16_t *sin, int rows, int nh, int nkv, int hd, float eps, int threads) {
+    qk_norm_rope(x, ldx, wq, wk, cos, sin, rows, nh, nkv, hd, eps, threads);
 }
 }
