@@ -532,6 +532,30 @@ inline float softmax_row(const float *sc, int seen, int width, float scale, uint
     return (parts[0] + parts[1]) + (parts[2] + parts[3]);
 }
 
+// Weights x V for vectors j0 .. j0 + NV - 1 (s.p: their bfloat16 weights; s.vp: V in pairs), into
+// s.acc: four 16-dim chunks at a time, each lane one chain over the key pairs in ascending order.
+template <int NV> void weights_v(Scratch &s, int j0, int width, int nd, int aw) {
+    const uint16_t *wrow[NV];
+    for (int j = 0; j < NV; j++) wrow[j] = &s.p[static_cast<size_t>(j0 + j) * width];
+    for (int d0 = 0; d0 < nd; d0 += 4) {
+        const int dn = std::min(4, nd - d0);
+        __m512 acc[NV][4];
+        for (int j = 0; j < NV; j++)
+            for (int d = 0; d < 4; d++) acc[j][d] = _mm512_setzero_ps();
+        for (int kp = 0; kp < width / 2; kp++) {
+            const uint16_t *vb = &s.vp[(static_cast<size_t>(kp / 16) * nd + d0) * 512 + (kp % 16) * 32];
+            __m512i v[4];
+            for (int d = 0; d < dn; d++) v[d] = _mm512_loadu_si512(vb + d * 512);
+            for (int j = 0; j < NV; j++) {
+                const __m512i w = pair_at(wrow[j], kp);
+                for (int d = 0; d < dn; d++) acc[j][d] = dp(acc[j][d], w, v[d]);
+            }
+        }
+        for (int j = 0; j < NV; j++)
+            for (int d = 0; d < dn; d++) _mm512_storeu_ps(&s.acc[static_cast<size_t>(j0 + j) * aw + 16 * (d0 + d)], acc[j][d]);
+    }
+}
+
 // The rows row0..row1-1 of one sequence, for one KV head (the same items as the other paths).
 template <typename O>
 void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
@@ -600,27 +624,12 @@ void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t 
     pairs::pack_v(v_cache, s.at.data(), end, hd, width, s.vp);
     const int aw = nd * 16;
     s.acc.resize(static_cast<size_t>(nv) * aw);
-    constexpr int NV = 4;
-    for (int j0 = 0; j0 < nv; j0 += NV) {
-        const int n = std::min(NV, nv - j0);
-        const uint16_t *wrow[NV];
-        for (int j = 0; j < NV; j++) wrow[j] = &s.p[static_cast<size_t>(j < n ? j0 + j : j0) * width];
-        for (int d0 = 0; d0 < nd; d0 += 4) {
-            const int dn = std::min(4, nd - d0);
-            __m512 acc[NV][4];
-            for (int j = 0; j < NV; j++)
-                for (int d = 0; d < 4; d++) acc[j][d] = _mm512_setzero_ps();
-            for (int kp = 0; kp < width / 2; kp++) {
-                const uint16_t *vb = &s.vp[(static_cast<size_t>(kp / 16) * nd + d0) * 512 + (kp % 16) * 32];
-                __m512i v[4];
-                for (int d = 0; d < dn; d++) v[d] = _mm512_loadu_si512(vb + d * 512);
-                for (int j = 0; j < NV; j++) {
-                    const __m512i w = pair_at(wrow[j], kp);
-                    for (int d = 0; d < dn; d++) acc[j][d] = dp(acc[j][d], w, v[d]);
-                }
-            }
-            for (int j = 0; j < n; j++)
-                for (int d = 0; d < dn; d++) _mm512_storeu_ps(&s.acc[static_cast<size_t>(j0 + j) * aw + 16 * (d0 + d)], acc[j][d]);
+    for (int j0 = 0; j0 < nv; j0 += 4) {
+        switch (std::min(4, nv - j0)) {  // as many vectors as there are (a decode of 3 query heads a KV head: 3)
+        case 1: weights_v<1>(s, j0, width, nd, aw); break;
+        case 2: weights_v<2>(s, j0, width, nd, aw); break;
+        case 3: weights_v<3>(s, j0, width, nd, aw); break;
+        default: weights_v<4>(s, j0, width, nd, aw); break;
         }
     }
     pairs::write_out(s.acc.data(), aw, sums, vs, hd, out);
