@@ -86,6 +86,12 @@ def test_a_weight_changed_in_place_is_read_at_the_next_step(dtype, monkeypatch):
     assert isinstance(model._decoder, decoder.Plan)
     assert not torch.equal(before, after)
     assert torch.equal(after, layer_by_layer(model, monkeypatch)[0])
+    with torch.no_grad():
+        model.model.layers[2].self_attn.k_proj.bias.add_(0.5)  # a bias, widened to float32 for bfloat16
+    biased, _ = two_steps(model)
+    assert isinstance(model._decoder, decoder.Plan)
+    assert not torch.equal(biased, after)
+    assert torch.equal(biased, layer_by_layer(model, monkeypatch)[0])
     two_steps(model)
     assert isinstance(model._decoder, decoder.Plan)
     with torch.no_grad():

@@ -108,7 +108,9 @@ class Plan:
 def make_plan(model) -> Plan | None:
     """The model's plan, or None where the layers cannot run in one call (see the module docstring)."""
     cfg, dtype = model.config, model.dtype
-    if dtype not in (torch.float32, torch.bfloat16) or cfg.head_dim % 2 or library() is None:
+    if (dtype not in (torch.float32, torch.bfloat16) or cfg.head_dim % 2 or library() is None
+            or cfg.head_dim > attention_kernel.MAX_HEAD_DIM or cfg.num_attention_heads % cfg.num_key_value_heads):
+        return None  # (the layer-by-layer path refuses a head_dim over the kernel's by name)
         return None
     if not fused.available(dtype) or not model.prepacked:
         return None
@@ -128,7 +130,7 @@ def make_plan(model) -> Plan | None:
         if a.qkv_bias is not None:
             bias = a.qkv_bias.detach().contiguous() if dtype == torch.float32 else None
             address = bias.data_ptr() if bias is not None else packs[0]._bias_f32(a.qkv_bias)
-            held.append(bias if bias is not None else packs[0]._bias[1])
+            held.append(bias if bias is not None else packs[0]._bias[2])
             watched.append(a.qkv_bias)
         norms = [block.input_layernorm.weight, block.post_attention_layernorm.weight]
         head_norms = [a.q_norm.weight, a.k_norm.weight] if cfg.qk_norm else []

@@ -159,7 +159,7 @@ class PackedWeight:
             raise ValueError(f"no packed kernel for {str(weight.dtype).removeprefix('torch.')} weights on this "
                              f"machine: {NEEDS}")
         self.own = self.kind != "onednn"  # our kernel (gemm), not oneDNN's
-        self._bias: tuple[torch.Tensor, torch.Tensor] | None = None  # (the bias, its float32 copy)
+        self._bias: tuple[torch.Tensor, int, torch.Tensor] | None = None  # (the bias, its version, a float32 copy)
         w = weight.detach().contiguous()
         self.n, self.k = weight.shape
         if self.kind == "amx":
@@ -222,6 +222,6 @@ class PackedWeight:
         """The address of the bias widened to float32 (kept from call to call), or None."""
         if bias is None:
             return None
-        if self._bias is None or self._bias[0] is not bias:
-            self._bias = (bias, bias.detach().float().contiguous())
-        return self._bias[1].data_ptr()
+        if self._bias is None or self._bias[0] is not bias or self._bias[1] != bias._version:
+            self._bias = (bias, bias._version, bias.detach().float().contiguous())
+        return self._bias[2].data_ptr()

@@ -100,9 +100,9 @@ extern "C" long decoder_workspace(const Shape *s, int tokens) {
 
 // x: the embeddings (T, hidden); out: the hidden states after the final norm (T, hidden).
 // Block.step's order: h = norm(x); per layer: q, k, v = h Wqkv (+ bias); rotate q and k (Qwen3:
-// normalise each of their heads first); write k
-// and v to their slots; attention; x, h = x + o, norm(...); x + down(silu(gate) * up) goes into the
-// next layer's first norm (or the final one) as the pending delta.
+// normalise each of their heads first); write k and v to their slots; attention; x, h = x + o,
+// norm(...); x + down(silu(gate) * up) goes into the next layer's first norm (or the final one) as
+// the pending delta.
 extern "C" void decoder_forward(const Kernels *kn, const Shape *sp, const Layer *layers, const Step *st,
                                 const void *x, void *out) {
     const Shape &s = *sp;
