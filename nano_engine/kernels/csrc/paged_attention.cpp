@@ -532,27 +532,37 @@ inline float softmax_row(const float *sc, int seen, int width, float scale, uint
     return (parts[0] + parts[1]) + (parts[2] + parts[3]);
 }
 
-// Weights x V for vectors j0 .. j0 + NV - 1 (s.p: their bfloat16 weights; s.vp: V in pairs), into
-// s.acc: four 16-dim chunks at a time, each lane one chain over the key pairs in ascending order.
+// Weights x V for vectors j0 .. j0 + NV - 1 (wrow: their bfloat16 weights; s.vp: V in pairs), dims
+// 16 d0 .. 16 (d0 + DN) - 1, into s.acc: each lane one chain over the key pairs in ascending order.
+// NV and DN are constants, so that the NV x DN chains stay in registers.
+template <int NV, int DN>
+void weights_v_dims(Scratch &s, const uint16_t *const *wrow, int j0, int width, int nd, int aw, int d0) {
+    __m512 acc[NV][DN];
+    for (int j = 0; j < NV; j++)
+        for (int d = 0; d < DN; d++) acc[j][d] = _mm512_setzero_ps();
+    for (int kp = 0; kp < width / 2; kp++) {
+        const uint16_t *vb = &s.vp[(static_cast<size_t>(kp / 16) * nd + d0) * 512 + (kp % 16) * 32];
+        __m512i v[DN];
+        for (int d = 0; d < DN; d++) v[d] = _mm512_loadu_si512(vb + d * 512);
+        for (int j = 0; j < NV; j++) {
+            const __m512i w = pair_at(wrow[j], kp);
+            for (int d = 0; d < DN; d++) acc[j][d] = dp(acc[j][d], w, v[d]);
+        }
+    }
+    for (int j = 0; j < NV; j++)
+        for (int d = 0; d < DN; d++) _mm512_storeu_ps(&s.acc[static_cast<size_t>(j0 + j) * aw + 16 * (d0 + d)], acc[j][d]);
+}
+
 template <int NV> void weights_v(Scratch &s, int j0, int width, int nd, int aw) {
     const uint16_t *wrow[NV];
     for (int j = 0; j < NV; j++) wrow[j] = &s.p[static_cast<size_t>(j0 + j) * width];
     for (int d0 = 0; d0 < nd; d0 += 4) {
-        const int dn = std::min(4, nd - d0);
-        __m512 acc[NV][4];
-        for (int j = 0; j < NV; j++)
-            for (int d = 0; d < 4; d++) acc[j][d] = _mm512_setzero_ps();
-        for (int kp = 0; kp < width / 2; kp++) {
-            const uint16_t *vb = &s.vp[(static_cast<size_t>(kp / 16) * nd + d0) * 512 + (kp % 16) * 32];
-            __m512i v[4];
-            for (int d = 0; d < dn; d++) v[d] = _mm512_loadu_si512(vb + d * 512);
-            for (int j = 0; j < NV; j++) {
-                const __m512i w = pair_at(wrow[j], kp);
-                for (int d = 0; d < dn; d++) acc[j][d] = dp(acc[j][d], w, v[d]);
-            }
+        switch (std::min(4, nd - d0)) {
+        case 1: weights_v_dims<NV, 1>(s, wrow, j0, width, nd, aw, d0); break;
+        case 2: weights_v_dims<NV, 2>(s, wrow, j0, width, nd, aw, d0); break;
+        case 3: weights_v_dims<NV, 3>(s, wrow, j0, width, nd, aw, d0); break;
+        default: weights_v_dims<NV, 4>(s, wrow, j0, width, nd, aw, d0); break;
         }
-        for (int j = 0; j < NV; j++)
-            for (int d = 0; d < dn; d++) _mm512_storeu_ps(&s.acc[static_cast<size_t>(j0 + j) * aw + 16 * (d0 + d)], acc[j][d]);
     }
 }
 
