@@ -385,21 +385,25 @@ void softmax_down(const float *st, const Vectors &vs, int groups, int width, flo
         auto score = [&](int p) { return _mm512_loadu_ps(&st[static_cast<size_t>(p) * 64 + 16 * g]); };
         __m512 mx[4];  // the maximum, in four running parts (a maximum has no order)
         for (int r = 0; r < 4; r++) mx[r] = _mm512_set1_ps(-INFINITY);
-        for (int p = 0; p < most; p++) mx[p % 4] = _mm512_mask_max_ps(mx[p % 4], live(p), mx[p % 4], score(p));
+        int p = 0;
+        for (; p + 4 <= most; p += 4)  // four at a time: constant indices keep mx in registers
+            for (int r = 0; r < 4; r++) mx[r] = _mm512_mask_max_ps(mx[r], live(p + r), mx[r], score(p + r));
+        for (; p < most; p++) mx[p % 4] = _mm512_mask_max_ps(mx[p % 4], live(p), mx[p % 4], score(p));
         const __m512 mc = _mm512_mul_ps(_mm512_max_ps(_mm512_max_ps(mx[0], mx[1]), _mm512_max_ps(mx[2], mx[3])), c);
         __m512 part[4];  // the sum in four parts, key p into part p % 4
         for (int r = 0; r < 4; r++) part[r] = _mm512_setzero_ps();
         for (int p0 = 0; p0 < width; p0 += 32) {
             __m512i pr[16];  // pr[kk], lane n: the weights of keys p0 + 2kk and p0 + 2kk + 1 for vector n
-            for (int kk = 0; kk < 16; kk++) {
-                __m512 w[2];
-                for (int e = 0; e < 2; e++) {
-                    const int p = p0 + 2 * kk + e;
-                    w[e] = weight(score(p), c, mc, live(p));
-                    part[p % 4] = _mm512_add_ps(part[p % 4], w[e]);
+            for (int kk = 0; kk < 16; kk += 2) {
+                __m512 w[4];
+                for (int e = 0; e < 4; e++) {  // key p0 + 2kk + e goes into part e (p0 + 2kk is a multiple of 4)
+                    const int q = p0 + 2 * kk + e;
+                    w[e] = weight(score(q), c, mc, live(q));
+                    part[e] = _mm512_add_ps(part[e], w[e]);
                 }
-                // 16-bit element 2n: key p0 + 2kk of vector n; 2n + 1: key p0 + 2kk + 1
+                // 16-bit element 2n: key p0 + 2kk of vector n; 2n + 1: key p0 + 2kk + 1 (and kk + 1 likewise)
                 pr[kk] = _mm512_permutexvar_epi16(interleave, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(w[1], w[0])));
+                pr[kk + 1] = _mm512_permutexvar_epi16(interleave, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(w[3], w[2])));
             }
             simd::transpose16_epi32(pr);  // pr[n]: vector 16g + n's weights of keys p0 .. p0 + 31
             for (int n = 0; n < 16; n++)
