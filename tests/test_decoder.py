@@ -31,7 +31,7 @@ def biased_model(dtype) -> Transformer:
 
 def two_steps(model, seed=0):
     """Logits of a step holding a fresh prompt, the rest of a prompt over its cached part and a
-    decode, after a first step that cached their beginnings; and the K cache after it."""
+    decode, after a first step that cached their beginnings; and the K and V caches after it."""
     bs, pool = 16, BlockPool(40)
     runner = ModelRunner(model, 40, bs, attention_backend="c")
     g = torch.Generator().manual_seed(seed)
