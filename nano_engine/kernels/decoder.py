@@ -71,10 +71,15 @@ def _address(fn) -> int:
     return ctypes.cast(fn, P).value
 
 
-def _kernels(dtype: torch.dtype, kind: str) -> Kernels | None:
+# PackedWeight.kind -> the library and the function its gemm calls (PackedWeight.gemm's).
+GEMMS = {"f32": (_linear.f32_library, "gemm_f32"), "bf16_dot": (_linear.bf16_dot_library, "gemm_bf16_dot"),
+         "amx": (_linear.amx_library, "gemm_bf16")}
+
+
+def _kernels(dtype: torch.dtype, kind: str) -> Kernels:
     name = {torch.float32: "f32", torch.bfloat16: "bf16"}[dtype]
-    gemm = {"f32": lambda: _linear.f32_library().gemm_f32, "bf16_dot": lambda: _linear.bf16_dot_library().gemm_bf16_dot,
-            "amx": lambda: _linear.amx_library().gemm_bf16}[kind]()
+    library_of, function = GEMMS[kind]
+    gemm = getattr(library_of(), function)
     f, a = fused.library(), attention_kernel.library()
     return Kernels(_address(gemm), _address(getattr(f, f"rms_norm_{name}")), _address(getattr(f, f"add_rms_norm_{name}")),
                    _address(getattr(f, f"silu_mul_{name}")), _address(getattr(f, f"rope_{name}")),
@@ -160,14 +165,10 @@ def forward(plan: Plan, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, s
     whose attention is `batch` (kernels.paged_attention.kernel_batch, checked when it was made)
     over the paged caches (one (slots, nkv, hd) tensor per layer for K and for V)."""
     T, s = x.shape[0], plan.shape
-    if len(k_caches) != s.layers or len(v_caches) != s.layers or T != batch.num_tokens:
-        raise ValueError(f"{len(k_caches)} layers of cache and {batch.num_tokens} tokens in the batch for a model of "
-                         f"{s.layers} layers and {T} tokens")
-    first = k_caches[0]
-    if (first.dtype != x.dtype or not first.is_contiguous() or tuple(first.shape[1:]) != (s.nkv, s.hd)
-            or first.shape[0] < batch.num_blocks * batch.block_size):
-        raise ValueError(f"the KV cache is {first.dtype} {tuple(first.shape)}; the model needs {x.dtype} "
-                         f"(>= {batch.num_blocks * batch.block_size}, {s.nkv}, {s.hd}), contiguous")
+    if len(k_caches) != s.layers or len(v_caches) != s.layers:
+        raise ValueError(f"{len(k_caches)} and {len(v_caches)} layers of K and V cache for a model of {s.layers} layers")
+    # What the layer-by-layer path checks at each layer, once: the caches of a step are alike (PagedKVCache).
+    attention_kernel.check_call((T, s.nh, s.hd), x.dtype, k_caches[0], v_caches[0], batch)
     x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
     slots = slot_mapping.to(torch.int64).contiguous()
     out = torch.empty_like(x)

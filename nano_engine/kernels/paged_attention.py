@@ -129,25 +129,21 @@ def kernel_batch(query_start: Sequence[int], num_cached: Sequence[int], block_ta
                        int(query_start[-1]))
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: KernelBatch,
-                    wide: bool = False) -> torch.Tensor:
-    """Causal attention of every new token of a step over its sequence's context in the cache.
-
-    q: (T, nh, hd); k_cache, v_cache: (slots, nkv, hd), one layer's cache, with the new tokens'
-    K and V already written; batch: kernel_batch() of the step. Returns (T, nh, hd) in q's dtype,
-    or, with `wide` and bfloat16, in float32 as each output is before its one rounding (for the
-    tests: every bit of a row's float32 chains shows there, where bfloat16 hides most of them).
-    """
-    check_dtype(q.dtype)
-    if q.dim() != 3 or k_cache.dim() != 3 or k_cache.shape != v_cache.shape:
-        raise ValueError(f"q must be (T, nh, hd) and k_cache, v_cache the same (slots, nkv, hd); got "
-                         f"{tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+def check_call(q_shape: Sequence[int], dtype: torch.dtype, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               batch: KernelBatch) -> None:
+    """What the C code trusts of a call (the batch itself was checked by kernel_batch): q of shape
+    (T, nh, hd) and dtype `dtype` for the batch's T tokens, over contiguous caches of that dtype,
+    (slots, nkv, hd) each, that hold the batch's blocks."""
+    check_dtype(dtype)
+    if k_cache.dim() != 3 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must be the same (slots, nkv, hd); got {tuple(k_cache.shape)}, "
+                         f"{tuple(v_cache.shape)}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.dtype != q.dtype:
-            raise ValueError(f"q is {q.dtype} but {name} is {t.dtype}")
+        if t.dtype != dtype:
+            raise ValueError(f"q is {dtype} but {name} is {t.dtype}")
         if not t.is_contiguous():
             raise ValueError(f"paged_attention needs contiguous caches; {name} is not")
-    T, nh, hd = q.shape
+    T, nh, hd = q_shape
     nkv = k_cache.shape[1]
     if k_cache.shape[2] != hd or nh % nkv:
         raise ValueError(f"{nh} query heads of {hd} cannot attend over {nkv} KV heads of {k_cache.shape[2]}")
@@ -158,6 +154,21 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if k_cache.shape[0] < batch.num_blocks * batch.block_size:
         raise ValueError(f"the cache holds {k_cache.shape[0]} slots, fewer than the batch's "
                          f"{batch.num_blocks} blocks of {batch.block_size}")
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: KernelBatch,
+                    wide: bool = False) -> torch.Tensor:
+    """Causal attention of every new token of a step over its sequence's context in the cache.
+
+    q: (T, nh, hd); k_cache, v_cache: (slots, nkv, hd), one layer's cache, with the new tokens'
+    K and V already written; batch: kernel_batch() of the step. Returns (T, nh, hd) in q's dtype,
+    or, with `wide` and bfloat16, in float32 as each output is before its one rounding (for the
+    tests: every bit of a row's float32 chains shows there, where bfloat16 hides most of them).
+    """
+    if q.dim() != 3:
+        raise ValueError(f"q must be (T, nh, hd); got {tuple(q.shape)}")
+    check_call(q.shape, q.dtype, k_cache, v_cache, batch)
+    (_, nh, hd), nkv = q.shape, k_cache.shape[1]
     q = q.contiguous()
     wide = wide and q.dtype == torch.bfloat16
     out = torch.empty(q.shape, dtype=torch.float32 if wide else q.dtype)
