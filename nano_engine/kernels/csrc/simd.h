@@ -274,4 +274,19 @@ template <typename T> inline void widen_row(float *dst, const T *src, int n, int
     for (; i < padded; i++) dst[i] = 0.0f;
 }
 
+// Asks for the cache line at p ahead of its use, into L1 (LEVEL 1) or L2 (LEVEL 2); changes no
+// value. On x86 as an asm statement: GCC deletes a loop of __builtin_prefetch or _mm_prefetch
+// (it counts them as having no effect), so that a loop over a row's lines would vanish.
+template <int LEVEL> inline void prefetch(const void *p) {
+    static_assert(LEVEL == 1 || LEVEL == 2);
+#if defined(__x86_64__) || defined(__i386__)
+    if constexpr (LEVEL == 1)
+        __asm__ volatile("prefetcht0 %0" : : "m"(*static_cast<const char *>(p)));
+    else
+        __asm__ volatile("prefetcht1 %0" : : "m"(*static_cast<const char *>(p)));
+#else
+    __builtin_prefetch(p, 0, LEVEL == 1 ? 3 : 2);
+#endif
+}
+
 }  // namespace simd
