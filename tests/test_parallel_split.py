@@ -1,0 +1,76 @@
+"""The tensor-parallel cut (nano_engine/parallel/split.py): every degree the tree allows gives the
+one-process bits of a row-parallel sum, and a degree it cannot give is refused by its numbers."""
+
+import pytest
+import torch
+
+from nano_engine.parallel.split import Split, Tree, bounds, row_parallel
+
+
+def nodes_of(tree: Tree) -> set[tuple[int, int]]:
+    out = {(tree.lo, tree.hi)}
+    if tree.size > 1:
+        for child in tree.children():
+            out |= nodes_of(child)
+    return out
+
+
+@pytest.mark.parametrize("leaves", [1, 2, 3, 4, 6, 8, 9])
+def test_every_degree_up_to_the_leaves_cuts_the_tree_into_whole_nodes(leaves):
+    tree_nodes = nodes_of(Tree(0, leaves))
+    for ranks in range(1, leaves + 1):
+        split = Split.of(leaves, ranks)
+        assert split.ranks == ranks
+        assert split.nodes[0].lo == 0 and split.nodes[-1].hi == leaves
+        assert all(a.hi == b.lo for a, b in zip(split.nodes, split.nodes[1:]))  # contiguous, in rank order
+        assert {(n.lo, n.hi) for n in split.nodes} <= tree_nodes
+
+
+@pytest.mark.parametrize("leaves", [2, 4, 8])
+def test_powers_of_two_share_the_leaves_evenly(leaves):
+    for ranks in (r for r in (2, 4, 8) if r <= leaves):
+        assert {n.size for n in Split.of(leaves, ranks).nodes} == {leaves // ranks}
+
+
+def test_a_degree_the_tree_cannot_give_is_refused_by_its_numbers():
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=4.*3 KV heads"):
+        Split.of(3, 4)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="tensor_parallel_size"):
+            Split.of(3, bad)
+
+
+def float32_product(a, b):
+    return a.to(torch.promote_types(a.dtype, torch.float32)) @ b.to(torch.promote_types(b.dtype, torch.float32)).T
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("leaves,k", [(3, 576), (4, 256), (8, 1000)])
+def test_a_row_parallel_sum_has_the_bits_of_one_process_at_every_degree(dtype, leaves, k):
+    torch.manual_seed(leaves)
+    x, w = torch.randn(17, k).to(dtype), torch.randn(40, k).to(dtype)
+    kb = bounds(k, leaves)
+    alone = row_parallel(x, w, kb, Tree(0, leaves), float32_product)
+    for ranks in range(2, leaves + 1):
+        split = Split.of(leaves, ranks)
+        partials = [row_parallel(x, w, kb, node, float32_product) for node in split.nodes]  # one per rank
+        assert torch.equal(split.combine(partials), alone), ranks
+
+
+def test_the_order_matters_so_the_test_above_can_fail():
+    # Ranks' sums added one after another (as an all-reduce may) instead of in the tree: other bits.
+    torch.manual_seed(0)
+    x, w = torch.randn(17, 1024), torch.randn(40, 1024)
+    kb = bounds(1024, 4)
+    alone = row_parallel(x, w, kb, Tree(0, 4), float32_product)
+    split = Split.of(4, 4)
+    partials = [row_parallel(x, w, kb, node, float32_product) for node in split.nodes]
+    naive = ((partials[0] + partials[1]) + partials[2]) + partials[3]
+    assert torch.allclose(naive, alone, rtol=1e-5, atol=1e-4)
+    assert not torch.equal(naive, alone)
+
+
+def test_bounds_cover_the_whole_range_in_near_equal_parts():
+    assert bounds(1536, 3) == [0, 512, 1024, 1536]
+    b = bounds(10, 4)
+    assert b[0] == 0 and b[-1] == 10 and max(y - x for x, y in zip(b, b[1:])) - min(y - x for x, y in zip(b, b[1:])) <= 1
