@@ -1,0 +1,219 @@
+"""The processes of a tensor-parallel engine: rank 0 is the engine's own process, ranks 1 .. N - 1
+are workers it starts, and every rank runs the same method at the same time.
+
+vLLM's CPU executor (vllm/v1/executor/multiproc_executor.py) starts one worker process per rank
+and broadcasts each step's call to all of them through a shared-memory queue; the scheduler's
+process holds no shard. Here rank 0 lives in the engine's process (as vLLM's older driver worker
+did): the step's batch then travels once, from rank 0 to the others, and the logits need no trip
+back. The ranks talk through a private gloo group on 127.0.0.1 (not torch.distributed's default
+group, so that one process can hold several engines), with collectives only: `Group`.
+
+A worker that dies (killed, or its method raised) closes its sockets, so the collective rank 0
+waits in fails at once; one that hangs fails it after `timeout_s`. Either way `Workers.call`
+raises WorkerError naming the rank, its exit code and, when it raised, its traceback, and the
+group is shut down: every worker stopped, none left behind. Each worker also watches the engine's
+process, and exits when it goes (vLLM's death pipe).
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import pickle
+import threading
+import traceback
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+HOST = "127.0.0.1"
+
+
+class WorkerError(RuntimeError):
+    """A rank failed: the group is shut down and cannot run another call."""
+
+
+class Group:
+    """The collectives the ranks use, on one gloo process group."""
+
+    def __init__(self, pg: dist.ProcessGroupGloo, rank: int, size: int):
+        self.pg, self.rank, self.size = pg, rank, size
+
+    def broadcast(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """t from rank src, in place on every rank (its shape and dtype must already agree)."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        self.pg.broadcast([t], opts).wait()
+        return t
+
+    def all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's t (tensors of one shape and dtype), in rank order, on every rank."""
+        out = [torch.empty_like(t) for _ in range(self.size)]
+        self.pg.allgather([out], [t.contiguous()]).wait()
+        return out
+
+    def broadcast_object(self, obj: Any = None, src: int = 0) -> Any:
+        """A picklable object from rank src (others pass None): its length, then its bytes."""
+        data = pickle.dumps(obj) if self.rank == src else b""
+        n = self.broadcast(torch.tensor([len(data)], dtype=torch.int64), src)
+        if self.rank == src:
+            if data:
+                self.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8), src)
+            return obj
+        buf = self.broadcast(torch.empty(int(n), dtype=torch.uint8), src)
+        return pickle.loads(buf.numpy().tobytes())
+
+
+def cores_of(rank: int, world: int) -> list[int] | None:
+    """The cores rank `rank` runs on: an equal share of this process's, or None where there are
+    fewer cores than ranks (then every rank runs one thread where the OS puts it)."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    if len(cores) < world:
+        return None
+    share = len(cores) // world
+    return cores[rank * share:(rank + 1) * share]
+
+
+def max_ranks() -> int:
+    """Two ranks a core at most: beyond that a step waits on the OS scheduler more than it computes."""
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    return 2 * len(cores)
+
+
+def _group(rank: int, world: int, port: int, timeout_s: float, store=None) -> Group:
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if store is None:
+        store = dist.TCPStore(HOST, port, world, False, timeout)
+    return Group(dist.ProcessGroupGloo(store, rank, world, timeout), rank, world)
+
+
+def _watch_parent(conn) -> None:
+    """Exit when the engine's process goes: its end of the pipe closes."""
+    try:
+        conn.recv()
+    except (EOFError, OSError):
+        pass
+    os._exit(0)
+
+
+def _worker_main(rank: int, world: int, port: int, timeout_s: float, factory, conn) -> None:
+    cores = cores_of(rank, world)
+    if cores is not None:
+        os.sched_setaffinity(0, cores)
+    torch.set_num_threads(len(cores) if cores else 1)
+    threading.Thread(target=_watch_parent, args=(conn,), daemon=True).start()
+    try:
+        group = _group(rank, world, port, timeout_s)
+        obj = factory(group)
+        while True:
+            call = group.broadcast_object()
+            if call is None:
+                break
+            name, args, kwargs = call
+            getattr(obj, name)(*args, **kwargs)
+    except BaseException as e:  # tell rank 0 why, then go: our closed sockets fail its collective
+        try:
+            conn.send(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+        except OSError:
+            pass
+        os._exit(1)
+    os._exit(0)
+
+
+class Workers:
+    """Ranks 1 .. world - 1 as processes, rank 0 here; `call` runs a method on every rank's object.
+
+    `factory(group)` builds a rank's object (on rank 0 too): a top-level function, or a
+    functools.partial of one, since workers are started with spawn, like vLLM's."""
+
+    def __init__(self, world: int, factory: Callable[[Group], Any], timeout_s: float = 120.0):
+        if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+            raise ValueError(f"the number of ranks must be a positive integer, got {world!r}")
+        if world > max_ranks():
+            raise ValueError(f"{world} ranks on {max_ranks() // 2} cores: at most {max_ranks()} (two a core)")
+        self.world, self.closed, self.error = world, False, None
+        self._threads = torch.get_num_threads()
+        self.procs, self.conns = [], []
+        store = dist.TCPStore(HOST, 0, world, True, datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+        ctx = mp.get_context("spawn")
+        try:
+            for rank in range(1, world):
+                ours, theirs = ctx.Pipe()
+                p = ctx.Process(target=_worker_main, args=(rank, world, store.port, timeout_s, factory, theirs),
+                                name=f"nano_engine-rank{rank}", daemon=True)
+                p.start()
+                theirs.close()
+                self.procs.append(p)
+                self.conns.append(ours)
+            cores = cores_of(0, world)
+            torch.set_num_threads(len(cores) if cores else 1)
+            self.group = _group(0, world, store.port, timeout_s, store=store)
+            self._store = store
+            self.obj = factory(self.group)
+        except BaseException as e:
+            self._fail(e)
+
+    def call(self, name: str, *args, **kwargs):
+        """obj.name(*args, **kwargs) on every rank at once; rank 0's result."""
+        if self.closed:
+            raise WorkerError(f"the workers are stopped{': ' + self.error if self.error else ''}")
+        try:
+            self.group.broadcast_object((name, args, kwargs))
+            return getattr(self.obj, name)(*args, **kwargs)
+        except BaseException as e:
+            self._fail(e)
+
+    def _fail(self, e: BaseException):
+        dead = self._dead()
+        self.error = dead or f"{type(e).__name__}: {e}"
+        self.close()
+        raise WorkerError(f"tensor-parallel rank failed: {self.error}") from e
+
+    def _dead(self) -> str | None:
+        """Which worker died and why, waiting a moment for one whose sockets closed first."""
+        for p, conn in zip(self.procs, self.conns):
+            p.join(timeout=2.0)
+            if p.exitcode not in (None, 0):
+                try:
+                    why = conn.recv() if conn.poll(0.5) else None
+                except (EOFError, OSError):
+                    why = None
+                return f"rank {self.procs.index(p) + 1} (pid {p.pid}) {why or f'exited with code {p.exitcode}'}"
+        return None
+
+    def close(self) -> None:
+        """Stop every worker: a stop call where the group still works, then SIGTERM, then SIGKILL."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.error is None:
+            try:
+                self.group.broadcast_object(None)
+            except BaseException:
+                pass
+        for p in self.procs:
+            p.join(timeout=5.0)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=4.0)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for c in self.conns:
+            c.close()
+        torch.set_num_threads(self._threads)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):  # a forgotten group: its workers go with it (they also watch this process)
+        if not getattr(self, "closed", True):
+            try:
+                self.close()
+            except Exception:
+                pass
