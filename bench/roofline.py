@@ -49,7 +49,8 @@ class _Product:
 
 def layer_linears(model: Transformer) -> list[_Product]:
     """Every matmul of the decoder blocks, in call order (fused q/k/v and gate/up when the model is),
-    each on the kernel the model's own call takes (Transformer.prepack's packed weights included)."""
+    each on the kernel the model's own call takes (Transformer.prepack's packed weights included;
+    o_proj and down_proj as the model calls them, leaf by leaf with their tree sum)."""
     out = []
     for block in model.model.layers:
         a, m = block.self_attn, block.mlp
@@ -57,12 +58,12 @@ def layer_linears(model: Transformer) -> list[_Product]:
             out.append(_Product(a.qkv_weight, a.qkv_bias, getattr(a, "qkv_packed", None)))
         else:
             out += [_Product(p.weight, p.bias, p.packed) for p in (a.q_proj, a.k_proj, a.v_proj)]
-        out.append(_Product(a.o_proj.weight, None, a.o_proj.packed))
+        out.append(a.o_proj)  # the module: a row-parallel layer's leaves and their tree sum included
         if getattr(m, "gate_up_weight", None) is not None:
             out.append(_Product(m.gate_up_weight, None, getattr(m, "gate_up_packed", None)))
         else:
             out += [_Product(p.weight, None, p.packed) for p in (m.gate_proj, m.up_proj)]
-        out.append(_Product(m.down_proj.weight, None, m.down_proj.packed))
+        out.append(m.down_proj)
     return out
 
 

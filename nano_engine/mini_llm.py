@@ -28,18 +28,62 @@ from torch import nn
 from . import checks
 from .kernels import decoder, fused
 from .kernels import paged_attention as attention_kernel
-from .kernels.linear import NEEDS, PackedWeight, can_prepack, linear
+from .kernels.linear import NEEDS, PackedLeaves, PackedWeight, can_prepack, linear
+from .parallel.split import Tree, bounds
 
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class Linear(nn.Linear):
-    """nn.Linear through `linear` above."""
+    """nn.Linear through `linear` above.
 
-    packed: PackedWeight | None = None  # Transformer.prepack
+    A row-parallel layer (o_proj, down_proj: the ones tensor parallelism splits along K) has
+    `leaves`, the K bounds of its parts, one per KV head (parallel/split.py): its output is the sum
+    of the parts' products in one fixed tree, in float32 at least, rounded once to the dtype, so
+    that ranks holding some of the leaves each can give the same bits as one process holding all.
+    With one KV head there is one leaf: the plain product."""
+
+    packed: PackedWeight | PackedLeaves | None = None  # Transformer.prepack
+    leaves: tuple[int, ...] | None = None  # K bounds: leaf i is columns leaves[i] .. leaves[i + 1] - 1
 
     def forward(self, x):
-        return linear(x, self.weight, self.bias, self.packed)
+        if self.leaves is None:
+            return linear(x, self.weight, self.bias, self.packed)
+        root = Tree(0, len(self.leaves) - 1)
+        parts = self.leaf_products(x, root)
+        if fused.available(x.dtype) and (y := fused.leaf_sum(parts)) is not None:  # the same additions, compiled
+            return y
+        return leaf_sum(parts, root).to(x.dtype)
+
+    def leaf_products(self, x: torch.Tensor, node: Tree) -> list[torch.Tensor]:
+        """The products of the leaves of `node`, each in x's dtype (x: all K columns of the layer)."""
+        if self.bias is not None:
+            raise ValueError("a row-parallel layer with a bias is not supported (vLLM adds it on one rank only)")
+        leaves = range(node.lo, node.hi)
+        if isinstance(self.packed, PackedLeaves) and self.packed.matches(self.weight):
+            return [linear(x[:, self.leaves[i]:self.leaves[i + 1]], self.weight[:, self.leaves[i]:self.leaves[i + 1]],
+                           None, self.packed.packs[i]) for i in leaves]
+        if torch.is_grad_enabled() and self.weight.requires_grad:  # slices of the parameter itself, for backward
+            return [F.linear(x[:, self.leaves[i]:self.leaves[i + 1]], self.weight[:, self.leaves[i]:self.leaves[i + 1]])
+                    for i in leaves]
+        weights = self._leaf_weights()
+        return [linear(x[:, self.leaves[i]:self.leaves[i + 1]], weights[i]) for i in leaves]
+
+    def _leaf_weights(self) -> list[torch.Tensor]:
+        """Each leaf's columns of the weight as a contiguous copy, made once per weight (oneDNN
+        takes its slow reference kernel for a weight with gaps between its rows)."""
+        w = self.weight
+        key = (w.data_ptr(), w.dtype, w._version)
+        if getattr(self, "_leaf_copies", (None,))[0] != key:
+            with torch.inference_mode(False), torch.no_grad():  # usable in and out of inference mode
+                self._leaf_copies = (key, [w.detach()[:, a:b].contiguous() for a, b in zip(self.leaves, self.leaves[1:])])
+        return self._leaf_copies[1]
+
+
+def leaf_sum(parts: list[torch.Tensor], node: Tree) -> torch.Tensor:
+    """The tree's sum of the products of node's leaves, in float32 at least (not rounded back)."""
+    work = torch.promote_types(parts[0].dtype, torch.float32)
+    return node.sum({(node.lo + i, node.lo + i + 1): p.to(work) for i, p in enumerate(parts)})
 
 
 def fuse_weights(modules: list[nn.Linear], owner: nn.Module, name: str) -> None:
@@ -178,6 +222,8 @@ class Attention(nn.Module):
         self.k_proj = Linear(cfg.hidden_size, self.nkv * self.hd, bias=b)
         self.v_proj = Linear(cfg.hidden_size, self.nkv * self.hd, bias=b)
         self.o_proj = Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
+        if self.nkv > 1:  # leaf i: the query heads that share KV head i
+            self.o_proj.leaves = tuple(i * (self.nh // self.nkv) * self.hd for i in range(self.nkv + 1))
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
@@ -217,6 +263,8 @@ class MLP(nn.Module):
         self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        if cfg.num_key_value_heads > 1:  # as many near-equal leaves as o_proj has
+            self.down_proj.leaves = tuple(bounds(cfg.intermediate_size, cfg.num_key_value_heads))
 
     def fuse(self) -> None:
         """gate and up projections as one matmul (see fuse_weights)."""
@@ -368,7 +416,7 @@ class Transformer(nn.Module):
     @property
     def prepacked(self) -> bool:
         """True when every matmul of a forward pass reads a packed weight that is still current."""
-        return all(isinstance(p := getattr(o, a, None), PackedWeight) and p.matches(w)
+        return all(isinstance(p := getattr(o, a, None), (PackedWeight, PackedLeaves)) and p.matches(w)
                    for o, a, w in self.linear_sites())
 
     def prepack(self) -> "Transformer":
@@ -385,7 +433,8 @@ class Transformer(nn.Module):
             raise ValueError(f"prepack has no kernel for a {str(self.dtype).removeprefix('torch.')} model on this "
                              f"machine: {NEEDS}")
         for owner, attr, weight in self.linear_sites():
-            setattr(owner, attr, PackedWeight(weight))
+            leaves = getattr(owner, "leaves", None) if attr == "packed" else None
+            setattr(owner, attr, PackedWeight(weight) if leaves is None else PackedLeaves(weight, leaves))
         self._fuse(fused.available(self.dtype))
         return self
 

@@ -19,7 +19,7 @@ import run as bench_run  # noqa: E402
 import workloads  # noqa: E402
 from systems import Req, truncate  # noqa: E402
 
-from nano_engine import LLMEngine, SamplingParams  # noqa: E402
+from nano_engine import LLMEngine, SamplingParams, mini_llm  # noqa: E402
 from nano_engine.tiny import tiny_model  # noqa: E402
 
 
@@ -89,7 +89,14 @@ def test_the_matmul_floor_runs_the_kernels_the_model_runs(fused, monkeypatch):
     model.prepack()
     calls = []
     real = roofline.linear
-    monkeypatch.setattr(roofline, "linear", lambda x, w, b=None, p=None: calls.append(p is not None and p.matches(w))
-                        or real(x, w, b, p))
+
+    def spy(x, w, b=None, p=None):
+        calls.append(p is not None and p.matches(w))
+        return real(x, w, b, p)
+
+    monkeypatch.setattr(roofline, "linear", spy)
+    monkeypatch.setattr(mini_llm, "linear", spy)  # o_proj and down_proj: the modules, leaf by leaf
     roofline.FloorReplay(model, [(3, 0)], "floor").run()
-    assert len(calls) == (4 if fused else 7) * model.config.num_hidden_layers and all(calls)
+    block = model.model.layers[0]
+    leaves = sum(len(m.leaves) - 1 if m.leaves else 1 for m in (block.self_attn.o_proj, block.mlp.down_proj))
+    assert len(calls) == ((2 if fused else 5) + leaves) * model.config.num_hidden_layers and all(calls)

@@ -202,3 +202,18 @@ def test_the_avx2_and_plain_builds_give_this_cpus_bits(tmp_path, monkeypatch):
         results[name] = [fn(0, 40) for dtype in DTYPES for fn, _ in ops(dtype, dim=100, inter=70, hd=40).values()]
     for name in variants:
         assert all(torch.equal(a, b) for a, b in zip(results[name], results["native"])), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_leaf_sum_adds_in_the_trees_order_and_rounds_once(dtype):
+    """fused.leaf_sum has the bits of mini_llm.leaf_sum (the torch additions in parallel/split.py's
+    tree) then one rounding, for 1 to 9 leaves, one row and many (several threads), odd widths."""
+    from nano_engine.mini_llm import leaf_sum
+    from nano_engine.parallel.split import Tree
+
+    torch.manual_seed(0)
+    for leaves in range(1, 10):
+        for rows, cols in ((1, 576), (300, 131)):
+            parts = [(torch.randn(rows, cols) * 10 ** (i % 4)).to(dtype) for i in range(leaves)]
+            want = leaf_sum(parts, Tree(0, leaves)).to(dtype)
+            assert torch.equal(fused.leaf_sum(parts), want), (leaves, rows, cols)

@@ -16,7 +16,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "nano_engine"
 
 # The floor of each folder (the package's top level is the engine the chapters build).
-LAYERS = {"checks": 0, "kernels": 1, "models": 1, "": 2, "lab": 3, "serving": 3, "benchmarks": 3, "cli": 4,
+LAYERS = {"checks": 0, "kernels": 1, "models": 1, "parallel": 1, "": 2, "lab": 3, "serving": 3, "benchmarks": 3, "cli": 4,
           "__main__": 5}
 
 

@@ -74,3 +74,59 @@ def test_bounds_cover_the_whole_range_in_near_equal_parts():
     assert bounds(1536, 3) == [0, 512, 1024, 1536]
     b = bounds(10, 4)
     assert b[0] == 0 and b[-1] == 10 and max(y - x for x, y in zip(b, b[1:])) - min(y - x for x, y in zip(b, b[1:])) <= 1
+
+
+# ----- the model's row-parallel layers (mini_llm.Linear with leaves) -----
+
+from nano_engine import ModelConfig, Transformer  # noqa: E402
+from nano_engine.kernels.linear import can_prepack  # noqa: E402
+from nano_engine.mini_llm import leaf_sum  # noqa: E402
+
+
+def four_kv_heads(dtype, prepack=False) -> Transformer:
+    cfg = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=100, num_hidden_layers=1,
+                      num_attention_heads=8, num_key_value_heads=4, head_dim=16)
+    gen = torch.Generator().manual_seed(1)
+    model = Transformer(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen))
+    model = model.to(dtype).eval().fuse()
+    return model.prepack() if prepack else model
+
+
+CASES = [(dt, False) for dt in (torch.float32, torch.bfloat16, torch.float64)]
+CASES += [(dt, True) for dt in (torch.float32, torch.bfloat16) if can_prepack(dt)]
+
+
+@pytest.mark.parametrize("dtype,prepack", CASES)
+def test_o_proj_and_down_proj_give_one_process_bits_from_any_number_of_ranks(dtype, prepack):
+    """What a rank computes (the tree sum of its leaves, unrounded), combined in the tree and rounded
+    once, is the layer's own output: on the plain path and on the prepacked one (kernels of ours,
+    the sum compiled in fused.cpp)."""
+    block = four_kv_heads(dtype, prepack).model.layers[0]
+    torch.manual_seed(2)
+    for layer in (block.self_attn.o_proj, block.mlp.down_proj):
+        assert len(layer.leaves) == 5
+        x = torch.randn(23, layer.in_features).to(dtype)
+        alone = layer(x)
+        for ranks in (1, 2, 3, 4):
+            split = Split.of(4, ranks)
+            partials = [leaf_sum(layer.leaf_products(x, node), node) for node in split.nodes]
+            assert torch.equal(split.combine(partials).to(dtype), alone), (layer, ranks)
+
+
+def test_one_kv_head_keeps_the_plain_product():
+    cfg = ModelConfig(vocab_size=16, hidden_size=8, intermediate_size=12, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=4)
+    block = Transformer(cfg).model.layers[0]
+    assert block.self_attn.o_proj.leaves is None and block.mlp.down_proj.leaves is None
+
+
+def test_the_embedded_models_leaves_are_its_kv_heads():
+    cfg = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=1,
+                      num_attention_heads=9, num_key_value_heads=3, head_dim=64)
+    with torch.device("meta"):
+        block = Transformer(cfg).model.layers[0]
+    assert block.self_attn.o_proj.leaves == (0, 192, 384, 576)  # 3 query heads of 64 each
+    assert block.mlp.down_proj.leaves == (0, 512, 1024, 1536)

@@ -73,8 +73,11 @@ def test_every_matmul_reads_a_packed_weight_and_the_tokens_stay(fused, monkeypat
     monkeypatch.setattr(mini_llm, "linear", spy)
     with torch.inference_mode():
         model.compute_logits(model(torch.tensor([3, 4, 5]), torch.arange(3)))
-    # q, k, v, o, gate, up, down in each layer (q/k/v and gate/up one each when fused), the head
-    assert len(calls) == (4 if fused else 7) * model.config.num_hidden_layers + 1 and all(calls)
+    # q, k, v, o, gate, up, down in each layer (q/k/v and gate/up one each when fused; o and down one
+    # per leaf, mini_llm.Linear), the head
+    block = model.model.layers[0]
+    leaves = sum(len(m.leaves) - 1 if m.leaves else 1 for m in (block.self_attn.o_proj, block.mlp.down_proj))
+    assert len(calls) == ((2 if fused else 5) + leaves) * model.config.num_hidden_layers + 1 and all(calls)
     assert generate(model, [5, 6, 7, 8], 12) == plain
     monkeypatch.undo()
     assert model.unpack() is model and not model.prepacked  # back to the plain path

@@ -35,12 +35,13 @@ P, I, L, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
 
 
 class Kernels(ctypes.Structure):
-    _fields_ = [(name, P) for name in ("gemm", "norm", "add_norm", "silu_mul", "rope", "qk_norm_rope", "attention")]
+    _fields_ = [(name, P) for name in ("gemm", "norm", "add_norm", "silu_mul", "rope", "qk_norm_rope", "attention",
+                                       "leaf_sum")]
 
 
 class Shape(ctypes.Structure):
     _fields_ = [("layers", I), ("hidden", I), ("inter", I), ("nh", I), ("nkv", I), ("hd", I), ("elem", I),
-                ("eps", F), ("scale", F), ("final_norm", P)]
+                ("leaves", I), ("eps", F), ("scale", F), ("final_norm", P)]
 
 
 class Layer(ctypes.Structure):
@@ -83,7 +84,8 @@ def _kernels(dtype: torch.dtype, kind: str) -> Kernels:
     f, a = fused.library(), attention_kernel.library()
     return Kernels(_address(gemm), _address(getattr(f, f"rms_norm_{name}")), _address(getattr(f, f"add_rms_norm_{name}")),
                    _address(getattr(f, f"silu_mul_{name}")), _address(getattr(f, f"rope_{name}")),
-                   _address(getattr(f, f"qk_norm_rope_{name}")), _address(getattr(a, f"paged_attention_{name}")))
+                   _address(getattr(f, f"qk_norm_rope_{name}")), _address(getattr(a, f"paged_attention_{name}")),
+                   _address(getattr(f, f"leaf_sum_{name}")))
 
 
 class Plan:
@@ -110,14 +112,36 @@ class Plan:
         return work
 
 
+MAX_LEAVES = 64  # decoder.cpp's
+
+
+def _leaves(pack) -> int:
+    return len(pack.packs) if isinstance(pack, _linear.PackedLeaves) else 1
+
+
+def _padded(pack) -> bool:  # K padded to AMX's slices of 32: the C code passes none
+    return pack.padded if isinstance(pack, _linear.PackedLeaves) else getattr(pack, "kp", pack.k) != pack.k
+
+
+def _leaf_array(pack):
+    """The packed tensors' addresses of a row-parallel layer, leaf by leaf (one for a plain weight);
+    the PackedWeights stay held by the model, whose watched weights make a stale plan."""
+    tensors = [p.tensor for p in pack.packs] if isinstance(pack, _linear.PackedLeaves) else [pack.tensor]
+    array = (P * len(tensors))(*(t.data_ptr() for t in tensors))
+    array.tensors = tensors  # hold them as long as the array
+    return array
+
+
 def make_plan(model) -> Plan | None:
     """The model's plan, or None where the layers cannot run in one call (see the module docstring)."""
     cfg, dtype = model.config, model.dtype
     if (dtype not in (torch.float32, torch.bfloat16) or cfg.head_dim % 2 or library() is None
             or cfg.head_dim > attention_kernel.MAX_HEAD_DIM or cfg.num_attention_heads % cfg.num_key_value_heads):
         return None  # (the layer-by-layer path refuses a head_dim over the kernel's by name)
-        return None
     if not fused.available(dtype) or not model.prepacked:
+        return None
+    leaves = cfg.num_key_value_heads
+    if leaves > MAX_LEAVES:
         return None
     kinds = set()
     layers, held, watched = [], [], []
@@ -125,7 +149,7 @@ def make_plan(model) -> Plan | None:
     for block in model.model.layers:
         a, m = block.self_attn, block.mlp
         packs = [getattr(a, "qkv_packed", None), a.o_proj.packed, getattr(m, "gate_up_packed", None), m.down_proj.packed]
-        if any(p is None or not p.own or getattr(p, "kp", p.k) != p.k for p in packs):
+        if any(p is None or not p.own or _padded(p) for p in packs) or {_leaves(packs[1]), _leaves(packs[3])} != {leaves}:
             return None
         if not all(getattr(mod, "fused", False) for mod in (a, m, block.input_layernorm, block.post_attention_layernorm)):
             return None
@@ -143,9 +167,11 @@ def make_plan(model) -> Plan | None:
             eps |= {a.q_norm.eps, a.k_norm.eps}
         if not all(w.is_contiguous() for w in norms + head_norms):
             return None
-        held += norms + head_norms + [p.tensor for p in packs]
+        leaf_packs = [_leaf_array(packs[1]), _leaf_array(packs[3])]  # the packed weight of each leaf
+        held += norms + head_norms + [packs[0].tensor, packs[2].tensor] + leaf_packs
         watched += norms + head_norms + [a.qkv_weight, a.o_proj.weight, m.gate_up_weight, m.down_proj.weight]
-        layers.append(Layer(*(t.data_ptr() for t in norms), *(p.tensor.data_ptr() for p in packs),
+        layers.append(Layer(*(t.data_ptr() for t in norms), packs[0].tensor.data_ptr(), ctypes.addressof(leaf_packs[0]),
+                            packs[2].tensor.data_ptr(), ctypes.addressof(leaf_packs[1]),
                             address if a.qkv_bias is not None else None,
                             *(t.data_ptr() for t in head_norms)))
     final = model.model.norm.weight
@@ -154,7 +180,7 @@ def make_plan(model) -> Plan | None:
     held.append(final)
     watched.append(final)
     shape = Shape(cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
-                  cfg.num_key_value_heads, cfg.head_dim, torch.finfo(dtype).bits // 8, eps.pop(),
+                  cfg.num_key_value_heads, cfg.head_dim, torch.finfo(dtype).bits // 8, leaves, eps.pop(),
                   cfg.head_dim ** -0.5, final.data_ptr())
     return Plan(_kernels(dtype, kinds.pop()), shape, layers, held, watched)
 

@@ -1,5 +1,6 @@
-"""RMSNorm (alone, or with the residual add before it), SwiGLU's silu(gate) * up and the rotary
-embedding (alone, or after Qwen3's norm of each q and k head), each one compiled pass
+"""RMSNorm (alone, or with the residual add before it), SwiGLU's silu(gate) * up, the rotary
+embedding (alone, or after Qwen3's norm of each q and k head) and the tree sum of a row-parallel
+layer's leaves (parallel/split.py), each one compiled pass
 (csrc/fused.cpp) instead of five to eight PyTorch operators, with the same bits for a row in any
 batch. `Transformer.prepack` turns them on with the packed matmuls (the model's fast path; the
 plain path stays the reference the chapters build). float32 and bfloat16.
@@ -27,7 +28,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         getattr(lib, f"silu_mul_{name}").argtypes = [P, L, P, L, I, I, I]
         getattr(lib, f"rope_{name}").argtypes = [P, L, P, P, I, I, I, I]
         getattr(lib, f"qk_norm_rope_{name}").argtypes = [P, L, P, P, P, P, I, I, I, I, F, I]
-        for fn in ("rms_norm", "add_rms_norm", "silu_mul", "rope", "qk_norm_rope"):
+        getattr(lib, f"leaf_sum_{name}").argtypes = [P, L, I, P, L, I, I, I]
+        for fn in ("rms_norm", "add_rms_norm", "silu_mul", "rope", "qk_norm_rope", "leaf_sum"):
             getattr(lib, f"{fn}_{name}").restype = None
 
 
@@ -119,3 +121,21 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
         getattr(library(), f"rope_{_NAME[x.dtype]}")(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(),
                                                     x.shape[0], x.shape[1], x.shape[2], torch.get_num_threads())
     return True
+
+
+def leaf_sum(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """The row-parallel sum of `parts` (the leaves' products, (T, N) each, one dtype and row stride)
+    in parallel/split.py's tree, in float32, rounded once to their dtype: the bits of
+    Tree(0, len(parts)).sum over the parts widened to float32, then .to(dtype). None for a layout
+    it does not take."""
+    first = parts[0]
+    if (not _rows(first) or any(p.dtype != first.dtype or p.shape != first.shape or p.stride() != first.stride()
+                                for p in parts)):
+        return None
+    out = torch.empty(first.shape, dtype=first.dtype)
+    addresses = (ctypes.c_void_p * len(parts))(*(p.data_ptr() for p in parts))
+    with _build.profiled("nano_engine::leaf_sum"):
+        getattr(library(), f"leaf_sum_{_NAME[first.dtype]}")(addresses, first.stride(0), len(parts), out.data_ptr(),
+                                                            out.stride(0), first.shape[0], first.shape[1],
+                                                            torch.get_num_threads())
+    return out

@@ -225,3 +225,18 @@ class PackedWeight:
         if self._bias is None or self._bias[0] is not bias or self._bias[1] != bias._version:
             self._bias = (bias, bias._version, bias.detach().float().contiguous())
         return self._bias[2].data_ptr()
+
+
+class PackedLeaves:
+    """A row-parallel layer's weight packed leaf by leaf (parallel/split.py): packs[i] is a
+    PackedWeight of weight[:, leaves[i]:leaves[i + 1]]. Current while the weight is unchanged."""
+
+    def __init__(self, weight: torch.Tensor, leaves: tuple[int, ...]):
+        self.leaves = leaves
+        self.packs = [PackedWeight(weight[:, a:b]) for a, b in zip(leaves, leaves[1:])]
+        self.kind, self.own = self.packs[0].kind, self.packs[0].own
+        self.padded = any(getattr(p, "kp", p.k) != p.k for p in self.packs)  # K padded for AMX's slices of 32
+        self._key = PackedWeight._key_of(weight)
+
+    def matches(self, weight: torch.Tensor) -> bool:
+        return self._key == PackedWeight._key_of(weight)

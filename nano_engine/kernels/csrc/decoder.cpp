@@ -25,6 +25,8 @@ using SiluMul = void (*)(const void *gu, long ld, void *out, long ldo, int rows,
 using Rope = void (*)(void *x, long ldx, const void *cos, const void *sin, int rows, int heads, int hd, int threads);
 using QkNormRope = void (*)(void *x, long ldx, const void *wq, const void *wk, const void *cos, const void *sin, int rows,
                             int nh, int nkv, int hd, float eps, int threads);
+using LeafSum = void (*)(const void *const *parts, long ldp, int leaves, void *out, long ldo, int rows, int cols,
+                        int threads);
 using Attention = void (*)(const void *q, const void *k_cache, const void *v_cache, void *out, const int32_t *query_start,
                            const int32_t *num_cached, const int32_t *tables, int num_seqs, int max_blocks, int nh, int nkv,
                            int hd, int bs, float scale, int threads);
@@ -42,16 +44,21 @@ struct Kernels {
     Rope rope;
     QkNormRope qk_norm_rope;
     Attention attention;
+    LeafSum leaf_sum;
 };
 
 struct Shape {
     int layers, hidden, inter, nh, nkv, hd, elem;  // elem: bytes per value (4 float32, 2 bfloat16)
+    int leaves;                                    // of o_proj and down_proj: nkv, or 1 (the plain product)
     float eps, scale;                              // RMSNorm's epsilon; attention's 1 / sqrt(hd), as a float
     const void *final_norm;
 };
 
 struct Layer {  // one layer's weights: the norms' in the model's dtype, the matmuls' packed
-    const void *input_norm, *post_norm, *qkv, *o, *gate_up, *down;
+    const void *input_norm, *post_norm, *qkv;
+    const void *const *o;  // a packed weight per leaf (Shape::leaves)
+    const void *gate_up;
+    const void *const *down;
     const float *qkv_bias;         // float32 (widened for bfloat16), or null
     const void *q_norm, *k_norm;   // Qwen3's norms of each q and k head, or null
 };
@@ -72,19 +79,20 @@ struct Step {
 namespace {
 
 constexpr long ALIGN = 64;
+constexpr int MAX_LEAVES = 64;  // kernels/decoder.py makes no plan for more
 
 struct Buffers {
-    char *res[2], *h, *qkv, *q, *att, *delta, *gu, *act;
+    char *res[2], *h, *qkv, *q, *att, *delta, *gu, *act, *parts;
 };
 
 // The workspace's buffers in order, each rounded up to 64 bytes; its size when base is null.
 long carve(const Shape &s, long T, char *base, Buffers *b) {
     const long qkv = static_cast<long>(s.nh + 2 * s.nkv) * s.hd, heads = static_cast<long>(s.nh) * s.hd;
     const long sizes[] = {T * s.hidden, T * s.hidden, T * s.hidden, T * qkv, T * heads, T * heads,
-                          T * s.hidden, T * 2 * s.inter, T * s.inter};
-    char **slot[] = {&b->res[0], &b->res[1], &b->h, &b->qkv, &b->q, &b->att, &b->delta, &b->gu, &b->act};
+                          T * s.hidden, T * 2 * s.inter, T * s.inter, s.leaves > 1 ? s.leaves * T * s.hidden : 0};
+    char **slot[] = {&b->res[0], &b->res[1], &b->h, &b->qkv, &b->q, &b->att, &b->delta, &b->gu, &b->act, &b->parts};
     long at = 0;
-    for (int i = 0; i < 9; i++) {
+    for (int i = 0; i < 10; i++) {
         if (base) *slot[i] = base + at;
         at += (sizes[i] * s.elem + ALIGN - 1) / ALIGN * ALIGN;
     }
@@ -118,6 +126,24 @@ extern "C" void decoder_forward(const Kernels *kn, const Shape *sp, const Layer 
         kn->add_norm(x, D, b.delta, D, w, res, D, normed, D, T, D, s.eps, th);
         x = res;
     };
+    // A row-parallel product (o_proj, down_proj) into b.delta: with leaves, each leaf's product over
+    // its K columns (bounds as mini_llm's: o_proj by KV head, down_proj K * i / leaves), then their
+    // tree sum (fused.cpp's leaf_sum, as Linear.leaf_sum calls it).
+    auto row_parallel = [&](const char *in, long K, const void *const *packs, bool by_head) {
+        if (s.leaves == 1) {
+            kn->gemm(in, K, packs[0], b.delta, D, nullptr, T, D, static_cast<int>(K), th);
+            return;
+        }
+        const void *parts[MAX_LEAVES];
+        for (int i = 0; i < s.leaves; i++) {
+            const long a = by_head ? K / s.leaves * i : K * i / s.leaves;
+            const long z = by_head ? K / s.leaves * (i + 1) : K * (i + 1) / s.leaves;
+            char *dst = b.parts + i * T * D * e;
+            kn->gemm(in + a * e, K, packs[i], dst, D, nullptr, T, D, static_cast<int>(z - a), th);
+            parts[i] = dst;
+        }
+        kn->leaf_sum(parts, D, s.leaves, b.delta, D, T, D, th);
+    };
     for (int l = 0; l < s.layers; l++) {
         const Layer &L = layers[l];
         if (l == 0)
@@ -138,11 +164,11 @@ extern "C" void decoder_forward(const Kernels *kn, const Shape *sp, const Layer 
         }
         kn->attention(b.q, kc, vc, b.att, st->query_start, st->num_cached, st->tables, st->num_seqs, st->max_blocks,
                       s.nh, s.nkv, s.hd, st->block_size, s.scale, th);
-        kn->gemm(b.att, heads, L.o, b.delta, D, nullptr, T, D, static_cast<int>(heads), th);
+        row_parallel(b.att, heads, L.o, true);
         add_norm(L.post_norm, b.h);
         kn->gemm(b.h, D, L.gate_up, b.gu, 2L * I, nullptr, T, 2 * I, D, th);
         kn->silu_mul(b.gu, 2L * I, b.act, I, T, I, th);
-        kn->gemm(b.act, I, L.down, b.delta, D, nullptr, T, D, I, th);
+        row_parallel(b.act, I, L.down, false);
     }
     if (s.layers == 0)
         kn->norm(x, D, s.final_norm, out, D, T, D, s.eps, th);

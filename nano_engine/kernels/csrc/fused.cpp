@@ -4,13 +4,16 @@
 //              PyTorch's add rounds), out = rms_norm(res), the bits of the two operations apart;
 //   silu_mul:  out = silu(gate) * up, SwiGLU's middle, from the fused gate/up projection;
 //   rope:      the rotary embedding of q and k, in place: pairs (i, i + hd / 2) of each head;
-//   qk_norm_rope: Qwen3's RMSNorm of each q and k head, then rope, in place.
+//   qk_norm_rope: Qwen3's RMSNorm of each q and k head, then rope, in place;
+//   leaf_sum:  a row-parallel layer's partial products (its leaves) added in the fixed tree of
+//              parallel/split.py, in float32, rounded once.
 // Each row is computed alone, by the same operations in the same order whatever the number of rows
 // or threads (simd.h; the sum of squares goes into 16 lanes, then the fixed tree), so a row's bits
 // do not depend on the batch. Arithmetic in float32; a bfloat16 result is rounded once, but for
 // rms_norm's normalised x, which is rounded before the weight multiplies it, as Hugging Face does.
 // Built by kernels/build.py; loaded with ctypes by kernels/fused.py.
 #include <cstdint>
+#include <vector>
 
 #include "simd.h"
 
@@ -141,6 +144,37 @@ void qk_norm_rope(T *x, long ldx, const T *wq, const T *wk, const T *cos, const 
         }
 }
 
+// Leaves lo .. hi - 1 of one row's partials, summed into acc (cols floats) in parallel/split.py's
+// Tree: a node splits into its first half, rounded up, and the rest; each node's sum is
+// left + right, elementwise. `spare` holds a row per level below (the recursion reuses them).
+template <typename T>
+void tree_row(const T *const *parts, long at, int lo, int hi, int cols, float *acc, float *spare) {
+    if (hi - lo == 1) {
+        for (int i = 0; i < cols; i++) acc[i] = widen(parts[lo][at + i]);
+        return;
+    }
+    const int mid = lo + (hi - lo + 1) / 2;
+    tree_row(parts, at, lo, mid, cols, acc, spare + cols);
+    tree_row(parts, at, mid, hi, cols, spare, spare + cols);
+    for (int i = 0; i < cols; i++) acc[i] += spare[i];
+}
+
+template <typename T>
+void leaf_sum(const T *const *parts, long ldp, int leaves, T *out, long ldo, int rows, int cols, int threads) {
+    int depth = 0;
+    for (int n = leaves; n > 1; n = (n + 1) / 2) depth++;
+#pragma omp parallel num_threads(threads) if (static_cast<long>(rows) * cols * leaves >= PARALLEL)
+    {
+        std::vector<float> rowbuf(static_cast<size_t>(depth + 2) * cols);
+#pragma omp for schedule(static)
+        for (int r = 0; r < rows; r++) {
+            float *acc = rowbuf.data();
+            tree_row(parts, r * ldp, 0, leaves, cols, acc, acc + cols);
+            for (int i = 0; i < cols; i++) narrow(acc[i], out + r * ldo + i);
+        }
+    }
+}
+
 }  // namespace
 
 extern "C" {
@@ -180,5 +214,13 @@ void qk_norm_rope_f32(float *x, long ldx, const float *wq, const float *wk, cons
 void qk_norm_rope_bf16(uint16_t *x, long ldx, const uint16_t *wq, const uint16_t *wk, const uint16_t *cos,
                        const uint16_t *sin, int rows, int nh, int nkv, int hd, float eps, int threads) {
     qk_norm_rope(x, ldx, wq, wk, cos, sin, rows, nh, nkv, hd, eps, threads);
+}
+void leaf_sum_f32(const float *const *parts, long ldp, int leaves, float *out, long ldo, int rows, int cols,
+                  int threads) {
+    leaf_sum(parts, ldp, leaves, out, ldo, rows, cols, threads);
+}
+void leaf_sum_bf16(const uint16_t *const *parts, long ldp, int leaves, uint16_t *out, long ldo, int rows, int cols,
+                   int threads) {
+    leaf_sum(parts, ldp, leaves, out, ldo, rows, cols, threads);
 }
 }
