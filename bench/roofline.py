@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from nano_engine import Transformer
+from nano_engine.kernels.linear import PackedLeaves
 from nano_engine.mini_llm import linear
 
 POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -47,10 +48,22 @@ class _Product:
         return linear(x, self.weight, self.bias, self.packed)
 
 
+def leaf_products(layer) -> list[_Product]:
+    """A row-parallel layer's products (mini_llm.Linear.leaves: one per KV head), on the weights and
+    kernels the model's own call reads; their tree sum is an addition, not a matmul, and stays out
+    of the floor. A layer without leaves: its one product."""
+    if layer.leaves is None:
+        return [_Product(layer.weight, None, layer.packed)]
+    ranges = list(zip(layer.leaves, layer.leaves[1:]))
+    if isinstance(layer.packed, PackedLeaves) and layer.packed.matches(layer.weight):
+        return [_Product(layer.weight[:, a:b], None, p) for (a, b), p in zip(ranges, layer.packed.packs)]
+    return [_Product(w, None, None) for w in layer._leaf_weights()]
+
+
 def layer_linears(model: Transformer) -> list[_Product]:
     """Every matmul of the decoder blocks, in call order (fused q/k/v and gate/up when the model is),
     each on the kernel the model's own call takes (Transformer.prepack's packed weights included;
-    o_proj and down_proj as the model calls them, leaf by leaf with their tree sum)."""
+    o_proj and down_proj leaf by leaf, as the model calls them: see leaf_products)."""
     out = []
     for block in model.model.layers:
         a, m = block.self_attn, block.mlp
@@ -58,12 +71,12 @@ def layer_linears(model: Transformer) -> list[_Product]:
             out.append(_Product(a.qkv_weight, a.qkv_bias, getattr(a, "qkv_packed", None)))
         else:
             out += [_Product(p.weight, p.bias, p.packed) for p in (a.q_proj, a.k_proj, a.v_proj)]
-        out.append(a.o_proj)  # the module: a row-parallel layer's leaves and their tree sum included
+        out += leaf_products(a.o_proj)
         if getattr(m, "gate_up_weight", None) is not None:
             out.append(_Product(m.gate_up_weight, None, getattr(m, "gate_up_packed", None)))
         else:
             out += [_Product(p.weight, None, p.packed) for p in (m.gate_proj, m.up_proj)]
-        out.append(m.down_proj)
+        out += leaf_products(m.down_proj)
     return out
 
 
