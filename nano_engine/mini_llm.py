@@ -59,15 +59,13 @@ class Linear(nn.Linear):
         """The products of the leaves of `node`, each in x's dtype (x: all K columns of the layer)."""
         if self.bias is not None:
             raise ValueError("a row-parallel layer with a bias is not supported (vLLM adds it on one rank only)")
-        leaves = range(node.lo, node.hi)
+        cols = {i: slice(self.leaves[i], self.leaves[i + 1]) for i in range(node.lo, node.hi)}
         if isinstance(self.packed, PackedLeaves) and self.packed.matches(self.weight):
-            return [linear(x[:, self.leaves[i]:self.leaves[i + 1]], self.weight[:, self.leaves[i]:self.leaves[i + 1]],
-                           None, self.packed.packs[i]) for i in leaves]
+            return [linear(x[:, c], self.weight[:, c], None, self.packed.packs[i]) for i, c in cols.items()]
         if torch.is_grad_enabled() and self.weight.requires_grad:  # slices of the parameter itself, for backward
-            return [F.linear(x[:, self.leaves[i]:self.leaves[i + 1]], self.weight[:, self.leaves[i]:self.leaves[i + 1]])
-                    for i in leaves]
+            return [F.linear(x[:, c], self.weight[:, c]) for c in cols.values()]
         weights = self._leaf_weights()
-        return [linear(x[:, self.leaves[i]:self.leaves[i + 1]], weights[i]) for i in leaves]
+        return [linear(x[:, c], weights[i]) for i, c in cols.items()]
 
     def _leaf_weights(self) -> list[torch.Tensor]:
         """Each leaf's columns of the weight as a contiguous copy, made once per weight (oneDNN
@@ -223,7 +221,7 @@ class Attention(nn.Module):
         self.v_proj = Linear(cfg.hidden_size, self.nkv * self.hd, bias=b)
         self.o_proj = Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
         if self.nkv > 1:  # leaf i: the query heads that share KV head i
-            self.o_proj.leaves = tuple(i * (self.nh // self.nkv) * self.hd for i in range(self.nkv + 1))
+            self.o_proj.leaves = tuple(bounds(self.nh * self.hd, self.nkv))
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)

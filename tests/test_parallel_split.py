@@ -4,7 +4,7 @@ one-process bits of a row-parallel sum, and a degree it cannot give is refused b
 import pytest
 import torch
 
-from nano_engine.parallel.split import Split, Tree, bounds, row_parallel
+from nano_engine.parallel.split import Split, Tree, bounds
 
 
 def nodes_of(tree: Tree) -> set[tuple[int, int]]:
@@ -38,6 +38,17 @@ def test_a_degree_the_tree_cannot_give_is_refused_by_its_numbers():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="tensor_parallel_size"):
             Split.of(3, bad)
+
+
+def row_parallel(x: torch.Tensor, weight: torch.Tensor, k_bounds: list[int], node: Tree, matmul) -> torch.Tensor:
+    """A row-parallel product's sum over the leaves of `node`: leaf i is x[:, k_bounds[i]:k_bounds[i+1]]
+    times the same columns of weight (N, K), by `matmul(x_part, weight_part)`, in float32 at least
+    (a bfloat16 product is rounded once, after the whole tree)."""
+    parts = {}
+    for i in range(node.lo, node.hi):
+        a, b = k_bounds[i], k_bounds[i + 1]
+        parts[i, i + 1] = matmul(x[:, a:b], weight[:, a:b])
+    return node.sum(parts)
 
 
 def float32_product(a, b):

@@ -101,13 +101,3 @@ def bounds(total: int, parts: int) -> list[int]:
     """Where `parts` near-equal contiguous ranges of `total` start, and the end: total * i // parts."""
     return [total * i // parts for i in range(parts + 1)]
 
-
-def row_parallel(x: torch.Tensor, weight: torch.Tensor, k_bounds: list[int], node: Tree, matmul) -> torch.Tensor:
-    """A row-parallel product's sum over the leaves of `node`: leaf i is x[:, k_bounds[i]:k_bounds[i+1]]
-    times the same columns of weight (N, K), by `matmul(x_part, weight_part)`, in float32 at least
-    (a bfloat16 product is rounded once, after the whole tree)."""
-    parts = {}
-    for i in range(node.lo, node.hi):
-        a, b = k_bounds[i], k_bounds[i + 1]
-        parts[i, i + 1] = matmul(x[:, a:b], weight[:, a:b])
-    return node.sum(parts)

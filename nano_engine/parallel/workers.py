@@ -66,10 +66,15 @@ class Group:
         return pickle.loads(buf.numpy().tobytes())
 
 
+def _cores() -> list[int]:
+    """The cores this process may run on."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
 def cores_of(rank: int, world: int) -> list[int] | None:
     """The cores rank `rank` runs on: an equal share of this process's, or None where there are
     fewer cores than ranks (then every rank runs one thread where the OS puts it)."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cores = _cores()
     if len(cores) < world:
         return None
     share = len(cores) // world
@@ -78,8 +83,7 @@ def cores_of(rank: int, world: int) -> list[int] | None:
 
 def max_ranks() -> int:
     """Two ranks a core at most: beyond that a step waits on the OS scheduler more than it computes."""
-    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-    return 2 * len(cores)
+    return 2 * len(_cores())
 
 
 def _group(rank: int, world: int, port: int, timeout_s: float, store=None) -> Group:
@@ -173,14 +177,14 @@ class Workers:
 
     def _dead(self) -> str | None:
         """Which worker died and why, waiting a moment for one whose sockets closed first."""
-        for p, conn in zip(self.procs, self.conns):
+        for rank, (p, conn) in enumerate(zip(self.procs, self.conns), start=1):
             p.join(timeout=2.0)
             if p.exitcode not in (None, 0):
                 try:
                     why = conn.recv() if conn.poll(0.5) else None
                 except (EOFError, OSError):
                     why = None
-                return f"rank {self.procs.index(p) + 1} (pid {p.pid}) {why or f'exited with code {p.exitcode}'}"
+                return f"rank {rank} (pid {p.pid}) {why or f'exited with code {p.exitcode}'}"
         return None
 
     def close(self) -> None:

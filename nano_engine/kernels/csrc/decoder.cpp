@@ -127,17 +127,16 @@ extern "C" void decoder_forward(const Kernels *kn, const Shape *sp, const Layer 
         x = res;
     };
     // A row-parallel product (o_proj, down_proj) into b.delta: with leaves, each leaf's product over
-    // its K columns (bounds as mini_llm's: o_proj by KV head, down_proj K * i / leaves), then their
-    // tree sum (fused.cpp's leaf_sum, as Linear.leaf_sum calls it).
-    auto row_parallel = [&](const char *in, long K, const void *const *packs, bool by_head) {
+    // its K columns (K * i / leaves .. K * (i + 1) / leaves, parallel/split.py's bounds, as mini_llm's),
+    // then their tree sum (fused.cpp's leaf_sum, as mini_llm.Linear calls it).
+    auto row_parallel = [&](const char *in, long K, const void *const *packs) {
         if (s.leaves == 1) {
             kn->gemm(in, K, packs[0], b.delta, D, nullptr, T, D, static_cast<int>(K), th);
             return;
         }
         const void *parts[MAX_LEAVES];
         for (int i = 0; i < s.leaves; i++) {
-            const long a = by_head ? K / s.leaves * i : K * i / s.leaves;
-            const long z = by_head ? K / s.leaves * (i + 1) : K * (i + 1) / s.leaves;
+            const long a = K * i / s.leaves, z = K * (i + 1) / s.leaves;
             char *dst = b.parts + i * T * D * e;
             kn->gemm(in + a * e, K, packs[i], dst, D, nullptr, T, D, static_cast<int>(z - a), th);
             parts[i] = dst;
@@ -164,11 +163,11 @@ extern "C" void decoder_forward(const Kernels *kn, const Shape *sp, const Layer 
         }
         kn->attention(b.q, kc, vc, b.att, st->query_start, st->num_cached, st->tables, st->num_seqs, st->max_blocks,
                       s.nh, s.nkv, s.hd, st->block_size, s.scale, th);
-        row_parallel(b.att, heads, L.o, true);
+        row_parallel(b.att, heads, L.o);
         add_norm(L.post_norm, b.h);
         kn->gemm(b.h, D, L.gate_up, b.gu, 2L * I, nullptr, T, 2 * I, D, th);
         kn->silu_mul(b.gu, 2L * I, b.act, I, T, I, th);
-        row_parallel(b.act, I, L.down, false);
+        row_parallel(b.act, I, L.down);
     }
     if (s.layers == 0)
         kn->norm(x, D, s.final_norm, out, D, T, D, s.eps, th);

@@ -820,6 +820,14 @@ void run_item(const Item &it, const Batch &b, const uint16_t *q, const uint16_t 
 }  // namespace amx
 #endif
 
+// Inside a parallel region: run(i) for every item, a unit (items unit_start[u] .. unit_start[u + 1] - 1)
+// to a thread at a time.
+template <typename Run> void each_unit(const std::vector<int> &unit_start, Run run) {
+#pragma omp for schedule(dynamic, 1)
+    for (int u = 0; u < static_cast<int>(unit_start.size()) - 1; u++)
+        for (int i = unit_start[u]; i < unit_start[u + 1]; i++) run(i);
+}
+
 // out: T, or float for a bfloat16 call that keeps the outputs unrounded (paged_attention_bf16_wide).
 template <typename T, typename O>
 void attention(const T *q, const T *k_cache, const T *v_cache, O *out, const Batch &b, int num_seqs, int threads) {
@@ -849,7 +857,6 @@ void attention(const T *q, const T *k_cache, const T *v_cache, O *out, const Bat
         for (int i = 0; i < static_cast<int>(items.size()); i++) unit_start[i] = i;
     }
     unit_start.push_back(static_cast<int>(items.size()));
-    const int n = static_cast<int>(unit_start.size()) - 1;
 #ifdef NANO_AMX
     if constexpr (sizeof(T) == 2) {
         if (amx::permitted()) {
@@ -857,9 +864,7 @@ void attention(const T *q, const T *k_cache, const T *v_cache, O *out, const Bat
             {
                 amx::Scratch scratch;
                 tiles::configure({16, 16, 16, 16, 16, 16, 16, 16});  // 16 x 32 bfloat16 or 16 x 16 float each
-#pragma omp for schedule(dynamic, 1)
-                for (int u = 0; u < n; u++)
-                    for (int i = unit_start[u]; i < unit_start[u + 1]; i++) amx::run_item(items[i], b, q, k_cache, v_cache, out, scratch);
+                each_unit(unit_start, [&](int i) { amx::run_item(items[i], b, q, k_cache, v_cache, out, scratch); });
                 _tile_release();
             }
             return;
@@ -872,9 +877,7 @@ void attention(const T *q, const T *k_cache, const T *v_cache, O *out, const Bat
 #pragma omp parallel num_threads(threads)
             {
                 dot::Scratch scratch;
-#pragma omp for schedule(dynamic, 1)
-                for (int u = 0; u < n; u++)
-                    for (int i = unit_start[u]; i < unit_start[u + 1]; i++) dot::run_item(items[i], b, q, k_cache, v_cache, out, scratch);
+                each_unit(unit_start, [&](int i) { dot::run_item(items[i], b, q, k_cache, v_cache, out, scratch); });
             }
             return;
         }
@@ -884,9 +887,7 @@ void attention(const T *q, const T *k_cache, const T *v_cache, O *out, const Bat
 #pragma omp parallel num_threads(threads)
     {
         Scratch scratch;
-#pragma omp for schedule(dynamic, 1)
-        for (int u = 0; u < n; u++)
-            for (int i = unit_start[u]; i < unit_start[u + 1]; i++) run(items[i], b, q, k_cache, v_cache, out, scratch);
+        each_unit(unit_start, [&](int i) { run(items[i], b, q, k_cache, v_cache, out, scratch); });
     }
 }
 
