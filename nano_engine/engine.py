@@ -32,17 +32,20 @@ from .sampling import SamplingMetadata, sample
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .spec_decode import SpeculativeConfig, make_proposer
 from .steplog import EngineStats, StepRecord
+from .tensor_parallel import ParallelConfig, TensorParallelRunner
 
 
 @dataclass
 class EngineConfig:
-    """The engine's settings: the scheduler's and the KV cache's, each a config that checks itself
-    when it is made, and the engine's own two (as vLLM's VllmConfig holds a SchedulerConfig and a
-    CacheConfig, `vllm/config/vllm.py`). `EngineConfig.from_settings(max_num_batched_tokens=64,
-    num_blocks=10)` takes the flat names of vLLM's EngineArgs and hands each to its config."""
+    """The engine's settings: the scheduler's, the KV cache's and the processes', each a config that
+    checks itself when it is made, and the engine's own (as vLLM's VllmConfig holds a
+    SchedulerConfig, a CacheConfig and a ParallelConfig, `vllm/config/vllm.py`).
+    `EngineConfig.from_settings(max_num_batched_tokens=64, num_blocks=10)` takes the flat names of
+    vLLM's EngineArgs and hands each to its config."""
 
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache_config: CacheConfig = field(default_factory=CacheConfig)
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     # "torch": the chapters' attention; "c": one compiled call per layer (kernels/paged_attention.py);
     # "auto": c where it runs the model's dtype and builds here, else torch (what serve runs).
     attention_backend: str = "torch"
@@ -54,6 +57,7 @@ class EngineConfig:
     def __post_init__(self):
         checks.instance("scheduler_config", self.scheduler_config, SchedulerConfig, "a SchedulerConfig")
         checks.instance("cache_config", self.cache_config, CacheConfig, "a CacheConfig")
+        checks.instance("parallel_config", self.parallel_config, ParallelConfig, "a ParallelConfig")
         self.attention_backend = checks.choice("attention_backend", self.attention_backend,
                                                ("auto", *ATTENTION_BACKENDS))
         # A deque's maxlen is a C ssize_t: refuse more here rather than deep inside LLMEngine.
@@ -63,16 +67,16 @@ class EngineConfig:
     @classmethod
     def from_settings(cls, **settings) -> "EngineConfig":
         """An EngineConfig from flat settings, each to the config whose field it is."""
-        own = {f.name for f in fields(cls)} - {"scheduler_config", "cache_config"}
-        groups = {SchedulerConfig: {}, CacheConfig: {}, cls: {}}
-        names = {**{f.name: SchedulerConfig for f in fields(SchedulerConfig)},
-                 **{f.name: CacheConfig for f in fields(CacheConfig)}, **dict.fromkeys(own, cls)}
+        parts = {"scheduler_config": SchedulerConfig, "cache_config": CacheConfig, "parallel_config": ParallelConfig}
+        names = {f.name: part for part in parts.values() for f in fields(part)}
+        names.update({f.name: cls for f in fields(cls) if f.name not in parts})
         unknown = sorted(set(settings) - set(names))
         if unknown:
             raise TypeError(f"unknown engine settings {unknown}; allowed: {', '.join(names)}")
+        groups = {kind: {} for kind in (*parts.values(), cls)}
         for name, value in settings.items():
             groups[names[name]][name] = value
-        return cls(SchedulerConfig(**groups[SchedulerConfig]), CacheConfig(**groups[CacheConfig]), **groups[cls])
+        return cls(**{key: part(**groups[part]) for key, part in parts.items()}, **groups[cls])
 
 
 class LLMEngine:
@@ -101,11 +105,19 @@ class LLMEngine:
         # engine decodes stop-string requests' text while a server may be encoding prompts.
         self.tokenizer_lock = threading.Lock()
         # The KV cache first: it refuses a pool larger than memory before anything is allocated.
-        self.runner = ModelRunner(model, cache.num_blocks, cache.block_size, self.config.attention_backend)
-        self.block_pool = (block_pool_cls or BlockPool)(cache.num_blocks, cache.enable_prefix_caching)
-        self.scheduler = (scheduler_cls or scheduler_class(sched.policy))(sched, self.block_pool, cache.block_size)
-        spec = self.config.speculative_config
-        self.proposer = make_proposer(spec, model, self.runner.attention_backend) if spec is not None else None
+        if self.config.parallel_config.tensor_parallel_size == 1:
+            self.runner = ModelRunner(model, cache.num_blocks, cache.block_size, self.config.attention_backend)
+        else:  # the ranks start here, each with its shard and its part of every block (tensor_parallel.py)
+            self.runner = TensorParallelRunner(model, cache.num_blocks, cache.block_size,
+                                               self.config.attention_backend, self.config.parallel_config)
+        try:
+            self.block_pool = (block_pool_cls or BlockPool)(cache.num_blocks, cache.enable_prefix_caching)
+            self.scheduler = (scheduler_cls or scheduler_class(sched.policy))(sched, self.block_pool, cache.block_size)
+            spec = self.config.speculative_config
+            self.proposer = make_proposer(spec, model, self.runner.attention_backend) if spec is not None else None
+        except BaseException:
+            self.close()  # no worker left behind by an engine that never was
+            raise
         eos = model.config.eos_token_id
         self.eos_token_ids = {eos} if isinstance(eos, int) else set(eos or ())
         self.requests: dict[str, Request] = {}  # unfinished ones, and finished ones not yet released
@@ -126,6 +138,19 @@ class LLMEngine:
 
         model = Transformer.from_pretrained(path, dtype=dtype or torch.float32)
         return cls(model, load_tokenizer(path), **kwargs)
+
+    def close(self) -> None:
+        """Stop the engine's worker processes (tensor parallelism); nothing to do with one process.
+        Steps after it fail; requests still unfinished stay as they are."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     # ----- requests -----
     def add_request(self, prompt_ids: Sequence[int], sampling_params: SamplingParams | None = None,

@@ -41,25 +41,38 @@ class Linear(nn.Linear):
     `leaves`, the K bounds of its parts, one per KV head (parallel/split.py): its output is the sum
     of the parts' products in one fixed tree, in float32 at least, rounded once to the dtype, so
     that ranks holding some of the leaves each can give the same bits as one process holding all.
-    With one KV head there is one leaf: the plain product."""
+    With one KV head there is one leaf: the plain product. On a tensor-parallel rank
+    (tensor_parallel.py) the layer holds the leaves of `node` only, and `reduce` turns its
+    subtree's sum into the whole layer's, with the other ranks' sums."""
 
     packed: PackedWeight | PackedLeaves | None = None  # Transformer.prepack
-    leaves: tuple[int, ...] | None = None  # K bounds: leaf i is columns leaves[i] .. leaves[i + 1] - 1
+    leaves: tuple[int, ...] | None = None  # K bounds: the layer's leaf i is columns leaves[i] .. leaves[i + 1] - 1
+    node: Tree | None = None  # which leaves of the whole layer's tree these are (None: all of them)
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None  # this node's sum -> the root's (unrounded)
+
+    @property
+    def root(self) -> Tree:
+        """The node of the tree this layer holds: all of it, except on a tensor-parallel rank."""
+        return self.node or Tree(0, len(self.leaves) - 1)
 
     def forward(self, x):
         if self.leaves is None:
             return linear(x, self.weight, self.bias, self.packed)
-        root = Tree(0, len(self.leaves) - 1)
-        parts = self.leaf_products(x, root)
+        node = self.root
+        parts = self.leaf_products(x, node)
+        if self.reduce is not None:  # a rank: its subtree, then the levels above it, with the others
+            return self.reduce(leaf_sum(parts, node)).to(x.dtype)
         if fused.available(x.dtype) and (y := fused.leaf_sum(parts)) is not None:  # the same additions, compiled
             return y
-        return leaf_sum(parts, root).to(x.dtype)
+        return leaf_sum(parts, node).to(x.dtype)
 
     def leaf_products(self, x: torch.Tensor, node: Tree) -> list[torch.Tensor]:
-        """The products of the leaves of `node`, each in x's dtype (x: all K columns of the layer)."""
+        """The products of the leaves of `node` (within this layer's root), each in x's dtype
+        (x: all the layer's K columns)."""
         if self.bias is not None:
             raise ValueError("a row-parallel layer with a bias is not supported (vLLM adds it on one rank only)")
-        cols = {i: slice(self.leaves[i], self.leaves[i + 1]) for i in range(node.lo, node.hi)}
+        base = self.root.lo  # the layer's leaf i - base is the tree's leaf i
+        cols = {i - base: slice(self.leaves[i - base], self.leaves[i - base + 1]) for i in range(node.lo, node.hi)}
         if isinstance(self.packed, PackedLeaves) and self.packed.matches(self.weight):
             return [linear(x[:, c], self.weight[:, c], None, self.packed.packs[i]) for i, c in cols.items()]
         if torch.is_grad_enabled() and self.weight.requires_grad:  # slices of the parameter itself, for backward
@@ -274,8 +287,30 @@ class MLP(nn.Module):
             if getattr(self, "fused", False) and (h := fused.silu_mul(gate_up)) is not None:
                 return self.down_proj(h)  # the prepacked fast path: one compiled pass (kernels/fused.py)
             gate, up = gate_up.chunk(2, dim=-1)
-            return self.down_proj(F.silu(gate) * up)
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+            return self.down_proj(silu(gate) * up)
+        return self.down_proj(silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+
+
+SILU_PIECE = 16384  # elements per F.silu call in `silu`: below PyTorch's grain of 32,768, a multiple of 128
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """F.silu, with bits that depend on each value only, not on where it sits or on the thread count.
+
+    PyTorch's element-wise loops run vector code over pairs of SIMD registers and scalar code over
+    what is left at the end of a call; the two compute exp with different roundings. So a column of
+    F.silu(gate) changes its last bit with the width of gate, the number of rows, and the threads
+    (which cut the call into pieces, each with its own end): a tensor-parallel rank holding some of
+    the MLP's columns, or a request in another batch, would get other bits. Here every value goes
+    through the vector code: the flat tensor padded to a multiple of 128 (two registers of any
+    dtype), in pieces that one thread runs whole. kernels/fused.py's SwiGLU does the same in one pass."""
+    flat = x.reshape(-1)
+    n = flat.numel()
+    padded = torch.zeros(-(-n // 128) * 128, dtype=x.dtype)
+    padded[:n] = flat
+    for a in range(0, len(padded), SILU_PIECE):
+        F.silu(padded[a:a + SILU_PIECE], inplace=True)
+    return padded[:n].view(x.shape)
 
 
 class Block(nn.Module):

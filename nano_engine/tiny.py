@@ -13,7 +13,8 @@ from .request import SEED_MAX, SEED_MIN
 
 
 def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float64, vocab_size: int = 64,
-               num_layers: int = 2, qk_norm: bool = False, eos_token_id: int = 0) -> Transformer:
+               num_layers: int = 2, qk_norm: bool = False, eos_token_id: int = 0, num_attention_heads: int = 4,
+               num_key_value_heads: int = 2, intermediate_size: int = 64) -> Transformer:
     """A 2-layer Llama-style model (Qwen3-style with qk_norm) with random weights."""
     seed = checks.integer("seed", seed, minimum=SEED_MIN, maximum=SEED_MAX)
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -22,8 +23,15 @@ def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float64, vocab_size: in
     num_layers = checks.integer("num_layers", num_layers, minimum=1)
     qk_norm = checks.flag("qk_norm", qk_norm)
     eos_token_id = checks.integer("eos_token_id", eos_token_id, minimum=0, maximum=vocab_size - 1)
-    cfg = ModelConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
-                      num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+    num_key_value_heads = checks.integer("num_key_value_heads", num_key_value_heads, minimum=1)
+    num_attention_heads = checks.integer("num_attention_heads", num_attention_heads, minimum=1)
+    if num_attention_heads % num_key_value_heads:
+        raise ValueError(f"num_attention_heads={num_attention_heads} is not a multiple of "
+                         f"num_key_value_heads={num_key_value_heads}")
+    intermediate_size = checks.integer("intermediate_size", intermediate_size, minimum=1)
+    cfg = ModelConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=intermediate_size,
+                      num_hidden_layers=num_layers, num_attention_heads=num_attention_heads,
+                      num_key_value_heads=num_key_value_heads,
                       head_dim=8, qk_norm=qk_norm, eos_token_id=eos_token_id,
                       max_position_embeddings=4096, model_type="qwen3" if qk_norm else "llama")
     gen = torch.Generator().manual_seed(seed)

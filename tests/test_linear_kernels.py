@@ -207,3 +207,20 @@ def test_the_logprobs_keep_every_bit_under_any_scheduling(dtype):
         if cfg.get("num_blocks") == 10:
             assert engine.stats.preemptions > 0
     assert all(s == seen[0] for s in seen[1:])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_float64_output_has_the_same_bits_in_any_call(threads):
+    """float64 (the tiny models): a row's outputs and a column's, whatever rows and columns share the
+    call, where they sit, and the threads (tensor parallelism cuts the columns between ranks)."""
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(s, generator=gen, dtype=torch.float64) for s in ((9, 70), (101, 70), (101,)))
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        whole = linear(x, w, b)
+        for rows, cols in ((slice(0, 1), slice(0, 101)), (slice(2, 9), slice(37, 101)), (slice(3, 6), slice(5, 6))):
+            assert torch.equal(linear(x[rows], w[cols], b[cols]), whole[rows, cols])
+    finally:
+        torch.set_num_threads(old)
+    assert torch.allclose(whole, x @ w.T + b, rtol=1e-13, atol=1e-13)

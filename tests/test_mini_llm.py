@@ -300,3 +300,18 @@ def test_weights_that_do_not_match_the_config_are_named(tmp_path, monkeypatch, e
     with pytest.raises(ModelLoadError) as e:
         Transformer.from_pretrained(gguf)
     assert all(n in str(e.value) for n in [str(gguf), "GGUF metadata", *names]), str(e.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_silu_gives_a_value_the_same_bits_wherever_it_sits(dtype):
+    """mini_llm.silu (the MLP's): F.silu's value, with bits that do not follow the tensor's width or
+    rows (a tensor-parallel rank holds some of the MLP's columns; a batch has any number of rows)."""
+    from nano_engine.mini_llm import silu
+
+    x = (torch.randn(33, 1537, generator=torch.Generator().manual_seed(0)) * 4).to(dtype)
+    whole = silu(x)
+    assert torch.allclose(whole.double(), torch.nn.functional.silu(x.double()), rtol=1e-2 if dtype == torch.bfloat16
+                          else 1e-6, atol=1e-6)
+    for part in (x[:1], x[5:6, 700:], x[:, 3:50], x[:17, 512:1024], x[31:, :999]):
+        rows, cols = part.storage_offset() // x.shape[1], part.storage_offset() % x.shape[1]
+        assert torch.equal(silu(part), whole[rows:rows + part.shape[0], cols:cols + part.shape[1]])

@@ -34,6 +34,37 @@ HALF_ROWS = 32  # the most rows oneDNN's bfloat16 / float16 matmul takes in one 
 SHORT_K = 128  # bfloat16 / float16 rows shorter than this are multiplied in float64 (see linear)
 AMX_SOURCE = build.CSRC / "gemm_amx.cpp"
 F32_SOURCE = build.CSRC / "gemm_f32.cpp"
+F64_SOURCE = build.CSRC / "gemm_f64.cpp"
+
+
+def _declare_f64(lib: ctypes.CDLL) -> None:
+    P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
+    lib.gemm_f64.argtypes = [P, L, P, L, P, P, L, I, I, I, I]
+    lib.gemm_f64.restype = None
+
+
+@functools.cache
+def f64_library() -> ctypes.CDLL | None:
+    """csrc/gemm_f64.cpp, built for this CPU; None where it cannot be built (then MKL's dgemm runs)."""
+    return build.load_if(F64_SOURCE, (), _declare_f64)
+
+
+def gemm_f64(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """x @ weight.T + bias in float64 with every output's bits fixed by its row and column alone
+    (csrc/gemm_f64.cpp); None where the kernel cannot be built."""
+    lib = f64_library()
+    if lib is None:
+        return None
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    weight = weight if weight.stride(-1) == 1 else weight.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    (m, k), n = x.shape, weight.shape[0]
+    y = torch.empty(m, n, dtype=torch.float64)
+    if m and n:
+        lib.gemm_f64(x.data_ptr(), x.stride(0), weight.data_ptr(), weight.stride(0),
+                     None if bias is None else bias.data_ptr(), y.data_ptr(), y.stride(0), m, n, k,
+                     torch.get_num_threads())
+    return y
 
 
 def _declare_amx(lib: ctypes.CDLL) -> None:
@@ -122,6 +153,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
       half-precision numbers add up exactly in any order (unless their magnitudes span more than
       2^24), and rounded once.
       tests/test_mini_llm.py checks the invariance this relies on.
+    * float64 (the tests' tiny models) goes to csrc/gemm_f64.cpp: MKL's dgemm rounds a column
+      otherwise with the number of rows and columns in the call; there, every output is one chain
+      of fused multiply-adds over K, so a row's bits, and a column's, are the same in any call.
       With `packed` on a CPU with AMX, every row count runs one AMX kernel of our own
       (csrc/gemm_amx.cpp), whose rows are invariant by construction: no pieces, no copies; on
       one with AVX512_BF16 and no AMX (AMD Zen 4 and 5), gemm_f32.cpp's bfloat16 twin: one
@@ -130,6 +164,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if x.dim() == 2 and not (torch.is_grad_enabled() and weight.requires_grad):
         if packed is not None and packed.own and x.dtype == weight.dtype and packed.matches(weight):
             return packed.gemm(x, bias)
+        if x.dtype == weight.dtype == torch.float64 and (y := gemm_f64(x, weight, bias)) is not None:
+            return y
         if x.dtype == torch.float32 and ONEDNN_FP32:
             if packed is not None and not packed.own and packed.matches(weight):  # oneDNN's own layout
                 weight = packed.tensor

@@ -54,6 +54,22 @@ class Group:
         self.pg.allgather([out], [t.contiguous()]).wait()
         return out
 
+    def gather(self, t: torch.Tensor, dst: int = 0) -> list[torch.Tensor] | None:
+        """Every rank's t (one shape and dtype), in rank order, on rank dst only (None elsewhere)."""
+        opts = dist.GatherOptions()
+        opts.rootRank = dst
+        out = [[torch.empty_like(t) for _ in range(self.size)]] if self.rank == dst else []
+        self.pg.gather(out, [t.contiguous()], opts).wait()
+        return out[0] if self.rank == dst else None
+
+    def send(self, t: torch.Tensor, dst: int) -> None:
+        self.pg.send([t.contiguous()], dst, 0).wait()
+
+    def recv(self, t: torch.Tensor, src: int) -> torch.Tensor:
+        """Into t (its shape and dtype must be the sender's), from rank src."""
+        self.pg.recv([t], src, 0).wait()
+        return t
+
     def broadcast_object(self, obj: Any = None, src: int = 0) -> Any:
         """A picklable object from rank src (others pass None): its length, then its bytes."""
         data = pickle.dumps(obj) if self.rank == src else b""
@@ -129,10 +145,12 @@ def _worker_main(rank: int, world: int, port: int, timeout_s: float, factory, co
 class Workers:
     """Ranks 1 .. world - 1 as processes, rank 0 here; `call` runs a method on every rank's object.
 
-    `factory(group)` builds a rank's object (on rank 0 too): a top-level function, or a
-    functools.partial of one, since workers are started with spawn, like vLLM's."""
+    `factory(group)` builds a worker's object: a top-level function, or a functools.partial of
+    one, since workers are started with spawn, like vLLM's. `main(group)` builds rank 0's (default:
+    factory); it is not sent anywhere, so it may hold what cannot travel, such as the whole model."""
 
-    def __init__(self, world: int, factory: Callable[[Group], Any], timeout_s: float = 120.0):
+    def __init__(self, world: int, factory: Callable[[Group], Any], timeout_s: float = 120.0,
+                 main: Callable[[Group], Any] | None = None):
         if isinstance(world, bool) or not isinstance(world, int) or world < 1:
             raise ValueError(f"the number of ranks must be a positive integer, got {world!r}")
         if world > max_ranks():
@@ -155,7 +173,7 @@ class Workers:
             torch.set_num_threads(len(cores) if cores else 1)
             self.group = _group(0, world, store.port, timeout_s, store=store)
             self._store = store
-            self.obj = factory(self.group)
+            self.obj = (main or factory)(self.group)
         except BaseException as e:
             self._fail(e)
 

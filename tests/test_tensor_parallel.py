@@ -1,0 +1,149 @@
+"""Tensor parallelism (nano_engine/tensor_parallel.py): at every degree the engine's logits are one
+process's, bit for bit, step by step, under chunked prefill, preemption and prefix caching; a
+degree the model or the machine cannot run is refused before any process starts; a dead rank
+fails the step, not the engine's process, and leaves no process behind."""
+
+import multiprocessing
+import os
+import signal
+
+import pytest
+import torch
+
+from nano_engine import LLMEngine, SamplingParams, generate
+from nano_engine.kernels import paged_attention
+from nano_engine.kernels.linear import can_prepack
+from nano_engine.mini_llm import Transformer
+from nano_engine.parallel.workers import WorkerError, max_ranks
+from nano_engine.tiny import tiny_model
+
+# A budget of 16 tokens cuts the prompts into chunks; 14 blocks of 4 make the decodes preempt
+# each other; the prompts share a 2-block prefix, and the last two come again (prefix cache hits).
+SETTINGS = dict(max_num_batched_tokens=16, num_blocks=14, block_size=4)
+PROMPTS = [[5, 9, 2, 7, 11, 3, 8, 4] + [13 + i, 17, 19 + i] * (i + 1) for i in range(5)]
+PROMPTS += PROMPTS[-2:]
+MAX_TOKENS = 10
+
+
+def four_kv_heads(dtype: torch.dtype) -> Transformer:
+    """A tiny model that tensor parallelism can cut 1, 2, 3 and 4 ways: 4 KV heads of 2 query heads
+    each, an MLP of 90 columns (leaves of 22 and 23) and a vocabulary of 61 rows (uneven shares)."""
+    return tiny_model(seed=3, dtype=dtype, vocab_size=61, num_attention_heads=8, num_key_value_heads=4,
+                      intermediate_size=90, eos_token_id=60).requires_grad_(False)
+
+
+def run(model: Transformer, tensor_parallel_size: int, prompts=PROMPTS, **settings):
+    """Each request's tokens, and every step's logits, from an engine at that degree."""
+    steps = []
+    with LLMEngine(model, tensor_parallel_size=tensor_parallel_size, **{**SETTINGS, **settings}) as engine:
+        forward = engine.runner.forward
+        engine.runner.forward = lambda batch: steps.append(forward(batch)) or steps[-1]
+        out = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
+        assert engine.stats.preemptions > 0 or "num_blocks" in settings
+    return [r.output_ids for r in out], steps
+
+
+def variants(dtype):
+    """(attention backend, prepacked) pairs this machine runs for dtype."""
+    out = [("torch", False)]
+    if dtype in paged_attention.DTYPES:
+        out.append(("c", can_prepack(dtype)))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_every_degree_gives_one_process_logits_bit_for_bit(dtype):
+    for backend, prepack in variants(dtype):
+        model = four_kv_heads(dtype).fuse()
+        if prepack:
+            model.prepack()
+        reference = [generate(model, p, MAX_TOKENS, eos_token_id=60, attention_backend=backend) for p in PROMPTS]
+        tokens, steps = run(model, 1, attention_backend=backend)
+        assert tokens == reference
+        for degree in (2, 4):
+            got_tokens, got_steps = run(model, degree, attention_backend=backend)
+            assert got_tokens == reference, (backend, prepack, degree)
+            assert len(got_steps) == len(steps)
+            for i, (a, b) in enumerate(zip(steps, got_steps)):
+                assert torch.equal(a, b), f"{backend=} {prepack=} {degree=}: step {i} differs by {(a - b).abs().max()}"
+
+
+def test_uneven_shares_of_heads_give_the_same_bits():
+    """3 ranks over 4 KV heads: 2, 1 and 1 of them (the tree's (0 + 1) + (2 + 3), cut at its left child)."""
+    model = four_kv_heads(torch.float32).fuse()
+    tokens, steps = run(model, 1)
+    got_tokens, got_steps = run(model, 3)
+    assert got_tokens == tokens
+    assert all(torch.equal(a, b) for a, b in zip(steps, got_steps))
+
+
+def test_tied_embeddings_and_qk_norm_are_cut_too():
+    model = tiny_model(seed=1, dtype=torch.float32, vocab_size=50, qk_norm=True).fuse()
+    model.config.tie_word_embeddings = True
+    with torch.no_grad():
+        model.lm_head.weight = model.model.embed_tokens.weight
+    tokens, steps = run(model, 1, num_blocks=64)
+    got_tokens, got_steps = run(model, 2, num_blocks=64)
+    assert got_tokens == tokens
+    assert all(torch.equal(a, b) for a, b in zip(steps, got_steps))
+
+
+def no_children():
+    return [p for p in multiprocessing.active_children() if p.name.startswith("nano_engine-rank")]
+
+
+@pytest.mark.parametrize("degree,words", [(3, r"tensor_parallel_size=3.*2 KV heads"),
+                                          (0, "tensor_parallel_size"),
+                                          (max_ranks() + 1, "ranks|KV heads")])
+def test_a_degree_the_model_or_machine_cannot_run_is_refused_before_any_process_starts(degree, words):
+    model = tiny_model(dtype=torch.float32, num_key_value_heads=2 if degree == 3 else 8, num_attention_heads=8)
+    with pytest.raises(ValueError, match=words):
+        LLMEngine(model, tensor_parallel_size=degree)
+    assert no_children() == []
+
+
+def test_a_dead_rank_fails_the_step_and_the_engine_says_so_after():
+    model = four_kv_heads(torch.float32)
+    engine = LLMEngine(model, tensor_parallel_size=2, num_blocks=32, block_size=4)
+    [worker] = engine.runner.workers.procs
+    rid = engine.add_request(PROMPTS[0], SamplingParams(max_tokens=MAX_TOKENS))
+    engine.step()
+    os.kill(worker.pid, signal.SIGKILL)
+    with pytest.raises(WorkerError, match="rank 1"):
+        engine.step()
+    assert engine.requests[rid].finish_reason == "error"
+    assert engine.block_pool.num_free == engine.block_pool.num_blocks  # nothing leaked
+    assert no_children() == []
+    engine.add_request(PROMPTS[1], SamplingParams(max_tokens=2))
+    with pytest.raises(WorkerError, match="stopped"):  # refused at once, not after a timeout
+        engine.step()
+    engine.close()
+
+
+def test_close_stops_every_worker_and_restores_the_threads():
+    threads = torch.get_num_threads()
+    engine = LLMEngine(four_kv_heads(torch.float64), tensor_parallel_size=4, num_blocks=8)
+    assert len(no_children()) == 3
+    engine.close()
+    assert no_children() == []
+    assert torch.get_num_threads() == threads
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_embedded_model_gives_one_process_bits_at_two_and_three_ranks(dtype):
+    from nano_engine.models.loading import chat_prompt_ids, load_tokenizer
+
+    tokenizer = load_tokenizer(None)
+    prompts = [chat_prompt_ids(tokenizer, q) for q in ("What is the capital of France?", "Tell me about the moon.",
+                                                       "What is 1+1?")]
+    settings = dict(max_num_batched_tokens=32, num_blocks=64, block_size=16)
+    for backend, prepack in variants(dtype):
+        model = Transformer.from_pretrained(None, dtype=dtype, prepack=prepack)
+        eos = model.config.eos_token_id
+        reference = [generate(model, p, MAX_TOKENS, eos_token_id=eos, attention_backend=backend) for p in prompts]
+        tokens, steps = run(model, 1, prompts, attention_backend=backend, **settings)
+        assert tokens == reference
+        for degree in (2, 3) if backend == "c" else (2,):
+            got_tokens, got_steps = run(model, degree, prompts, attention_backend=backend, **settings)
+            assert got_tokens == reference
+            assert all(torch.equal(a, b) for a, b in zip(steps, got_steps)), (backend, degree)
