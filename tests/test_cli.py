@@ -306,3 +306,11 @@ def test_a_failure_inside_argparse_is_one_line_too(capsys):
     assert main(["--debug", "--max-tokens", 3]) == 1
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(f"{PREFIX}TypeError")
+
+
+def test_the_identity_check_runs_at_two_ranks_and_a_degree_the_model_cannot_take_exits_2(capsys, good):
+    code, out, err = cli(capsys, "--model", str(good), "--dtype", "float64", "--max-tokens", "3",
+                         "--prompt", "w1 w2 w3", "--tensor-parallel-size", "2")
+    assert code == 0 and err == [] and out.rstrip().endswith("token for token")
+    code, out, err = cli(capsys, "--model", str(good), "--max-tokens", "3", "-tp", "3")
+    assert code == 2 and "tensor_parallel_size=3" in err[-1] and "2 KV heads" in err[-1]

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from nano_engine.parallel.workers import WorkerError, Workers, max_ranks
+from nano_engine.parallel.workers import SharedGather, WorkerError, Workers, max_ranks
 
 
 class Toy:
@@ -62,6 +62,9 @@ def workers():
 def test_every_rank_runs_the_call_and_collectives_come_in_rank_order(workers):
     assert torch.equal(workers.call("gather", 3), torch.tensor([0.0, 0, 0, 1, 1, 1]))
     assert workers.call("gather", 1).tolist() == [0.0, 1.0]  # and again: the group lives on
+    big = SharedGather.SLOT // 4 + 1  # more than a shared-memory slot holds: through gloo
+    for n in (big, 5, big, 2, 7):  # sizes in turn, each set of slots reused
+        assert torch.equal(workers.call("gather", n), torch.cat([torch.zeros(n), torch.ones(n)]))
 
 
 def test_a_worker_that_raises_fails_the_call_with_its_reason_and_stops_the_group(workers):

@@ -147,3 +147,34 @@ def test_the_embedded_model_gives_one_process_bits_at_two_and_three_ranks(dtype)
             got_tokens, got_steps = run(model, degree, prompts, attention_backend=backend, **settings)
             assert got_tokens == reference
             assert all(torch.equal(a, b) for a, b in zip(steps, got_steps)), (backend, degree)
+
+
+def test_the_server_at_two_ranks_answers_the_openai_client_with_generate_tokens_and_503_once_a_rank_dies():
+    import openai
+    from in_process import serving
+
+    from nano_engine.models.loading import chat_prompt_ids, load_tokenizer
+    from nano_engine.serving.async_llm import AsyncLLM
+    from nano_engine.serving.server import build_app
+
+    model = Transformer.from_pretrained(None, dtype=torch.bfloat16)
+    tokenizer = load_tokenizer(None)
+    llm = AsyncLLM(lambda: LLMEngine(model, tokenizer, tensor_parallel_size=2, num_blocks=64))
+    try:
+        with serving(build_app(llm, "smol")) as url:
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+            prompt = chat_prompt_ids(tokenizer, "What is the capital of France?")
+            out = client.completions.create(model="smol", prompt=prompt, max_tokens=8, temperature=0)
+            expected = generate(model, prompt, 8, model.config.eos_token_id)
+            assert out.choices[0].text == tokenizer.decode(expected, skip_special_tokens=True) and len(expected) > 4
+            [worker] = llm.engine.runner.workers.procs
+            os.kill(worker.pid, signal.SIGKILL)
+            with pytest.raises(openai.APIStatusError) as failed:
+                client.completions.create(model="smol", prompt=prompt, max_tokens=8, temperature=0)
+            assert failed.value.status_code == 503
+            with pytest.raises(openai.APIStatusError) as refused:  # the next one too, at once
+                client.completions.create(model="smol", prompt=prompt, max_tokens=2, temperature=0)
+            assert refused.value.status_code == 503
+            assert no_children() == []
+    finally:
+        llm.shutdown()

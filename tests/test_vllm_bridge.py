@@ -41,19 +41,21 @@ def test_every_setting_is_a_vllm_engine_arg_and_flag(vllm_args):
     for s in SETTINGS:
         assert s.vllm in fields, f"{s.vllm} is not a field of vLLM's EngineArgs"
         assert "--" + s.vllm.replace("_", "-") in flags
-    cmd = vllm_command(EngineConfig.from_settings(enable_chunked_prefill=False), "/m", dtype="bf16", max_model_len=2048)
+    cmd = vllm_command(EngineConfig.from_settings(enable_chunked_prefill=False, tensor_parallel_size=2), "/m", dtype="bf16",
+                       max_model_len=2048)
     for flag in [c for c in cmd if c.startswith("--")]:
         assert flag in flags, f"vLLM's server has no {flag}"
 
 
 def test_to_vllm_carries_every_value():
     cfg = EngineConfig.from_settings(max_num_batched_tokens=96, max_num_seqs=7, enable_chunked_prefill=False,
-                       enable_prefix_caching=False, block_size=32, num_blocks=41, policy="priority")
+                       enable_prefix_caching=False, block_size=32, num_blocks=41, policy="priority",
+                       tensor_parallel_size=2)
     assert to_vllm(cfg, "bf16", 4096) == {
         "max_num_batched_tokens": 96, "max_num_seqs": 7, "enable_chunked_prefill": False,
         "enable_prefix_caching": False, "block_size": 32, "num_gpu_blocks_override": 41,
-        "scheduling_policy": "priority", "scheduler_reserve_full_isl": False, "dtype": "bfloat16",
-        "max_model_len": 4096}
+        "scheduling_policy": "priority", "scheduler_reserve_full_isl": False, "tensor_parallel_size": 2,
+        "dtype": "bfloat16", "max_model_len": 4096}
     assert to_vllm(EngineConfig.from_settings(scheduler_reserve_full_isl=True))["scheduler_reserve_full_isl"] is True
 
 

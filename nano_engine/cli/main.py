@@ -42,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--attention-backend", choices=["auto", "torch", "c"], default="auto",
                     help="the engine's and generate's attention: c, the compiled kernel, or torch, the "
                          "chapters' code; auto (default): c where it runs the dtype and builds, else torch")
+    ap.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1,
+                    help="run every config's engine on this many processes (default 1; tokens must not change)")
     ap.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice)")
     ap.add_argument("--debug", action="store_true", help="print the traceback of a failure")
     return ap
@@ -70,6 +72,7 @@ def run(ap: argparse.ArgumentParser, args) -> int:
     from ..lab.experiments import CHAT_PROMPTS, IDENTITY_CONFIGS, format_trace, identity_check
     from ..models.loading import chat_prompt_ids, check_model, load_tokenizer
     from ..mini_llm import Transformer
+    from ..tensor_parallel import check_degree
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -84,6 +87,10 @@ def run(ap: argparse.ArgumentParser, args) -> int:
     backend = resolve_backend(args.attention_backend, model.dtype)
     print(f"model: {path} ({model.config.model_type}, {model.config.num_hidden_layers} layers, "
           f"{args.dtype}, attention {backend}), loaded in {time.perf_counter() - t:.1f} s")
+    try:
+        check_degree(model.config, args.tensor_parallel_size)  # before the reference run, not after it
+    except ValueError as e:
+        ap.error(str(e))
     longest, limit = max(map(len, prompts)) + args.max_tokens, model.config.max_position_embeddings
     if longest > limit:
         ap.error(f"--max-tokens {args.max_tokens}: the longest prompt and its output are {longest} "
@@ -92,7 +99,8 @@ def run(ap: argparse.ArgumentParser, args) -> int:
     print(f"{len(prompts)} prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, "
           f"{args.max_tokens} greedy tokens each\n")
     common = dict(block_size=args.block_size, max_num_seqs=args.max_num_seqs,
-                  enable_prefix_caching=not args.no_prefix_caching, attention_backend=backend)
+                  enable_prefix_caching=not args.no_prefix_caching, attention_backend=backend,
+                  tensor_parallel_size=args.tensor_parallel_size)
     result = identity_check(model, prompts, args.max_tokens, IDENTITY_CONFIGS, **common)
 
     print(result.table())

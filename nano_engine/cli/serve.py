@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help='speculative decoding, as vLLM\'s: JSON such as \'{"method": "ngram", '
                          '"num_speculative_tokens": 3, "prompt_lookup_max": 4}\', or a draft model\'s, '
                          '\'{"model": "/path/to/draft", "num_speculative_tokens": 3}\' (default: off)')
+    ap.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1,
+                    help="processes the model is cut between, each with its share of the cores "
+                         "(default 1; at most the model's KV heads)")
     ap.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice)")
     ap.add_argument("--uvicorn-log-level", default="info",
                     choices=["critical", "error", "warning", "info", "debug", "trace"])
@@ -109,7 +112,8 @@ def engine_config(args) -> "EngineConfig":
         enable_chunked_prefill=args.enable_chunked_prefill, policy=args.scheduling_policy,
         scheduler_reserve_full_isl=args.scheduler_reserve_full_isl, block_size=args.block_size,
         num_blocks=args.num_blocks, enable_prefix_caching=args.enable_prefix_caching,
-        attention_backend=args.attention_backend, speculative_config=args.speculative_config)
+        attention_backend=args.attention_backend, speculative_config=args.speculative_config,
+        tensor_parallel_size=args.tensor_parallel_size)
 
 
 def served_name(args) -> str:

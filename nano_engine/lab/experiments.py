@@ -79,10 +79,10 @@ def identity_check(model: Transformer, prompts: Sequence[Sequence[int]], max_tok
     ref_s = time.perf_counter() - t
     rows, engines, outputs = [], {}, {}
     for name, cfg in (configs or IDENTITY_CONFIGS).items():
-        engine = LLMEngine(model, **{**common, **cfg})
-        t = time.perf_counter()
-        done = engine.generate(prompts, SamplingParams(max_tokens=max_tokens))
-        seconds = time.perf_counter() - t
+        with LLMEngine(model, **{**common, **cfg}) as engine:  # closed: its worker processes, if any, stop
+            t = time.perf_counter()
+            done = engine.generate(prompts, SamplingParams(max_tokens=max_tokens))
+            seconds = time.perf_counter() - t
         outputs[name] = [r.output_ids for r in done]
         rows.append(IdentityRow(name, engine.stats.steps, engine.stats.preemptions, seconds,
                                 outputs[name] == ref))

@@ -75,6 +75,8 @@ def to_vllm(config: EngineConfig, dtype: str | None = None, max_model_len: int |
             ((sched, ("max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill")),
              (cache, ("enable_prefix_caching", "block_size", "num_blocks")),
              (sched, ("policy", "scheduler_reserve_full_isl"))) for name in names}
+    if config.parallel_config.tensor_parallel_size > 1:  # vLLM's name too (gloo ranks on CPU; both default 1)
+        args["tensor_parallel_size"] = config.parallel_config.tensor_parallel_size
     if dtype is not None:
         args["dtype"] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
         if args["dtype"] not in VLLM_DTYPES:

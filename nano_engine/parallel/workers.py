@@ -21,7 +21,10 @@ import datetime
 import multiprocessing as mp
 import os
 import pickle
+import platform
+import tempfile
 import threading
+import time
 import traceback
 from typing import Any, Callable
 
@@ -35,11 +38,79 @@ class WorkerError(RuntimeError):
     """A rank failed: the group is shut down and cannot run another call."""
 
 
+class SharedGather:
+    """An all-gather through shared memory, for the ranks of one machine: each rank copies its tensor
+    into its slot and raises its flag to the call's number; when every flag has reached it, each
+    copies every slot out. Two sets of slots, used in turn: a rank cannot write a slot again before
+    every rank has read it (it would need their flags for the call in between, raised only after
+    their reads). x86 keeps a core's stores in order (the data before the flag), so no fence is
+    needed; elsewhere gloo's all-gather runs instead. vLLM's CPU all-reduce (csrc/cpu/shm.cpp) works
+    the same way, in C++. A call larger than a slot goes through gloo."""
+
+    SLOT = 8 << 20  # bytes per rank and set: a (2,048 x 1,024) float32 tensor
+
+    def __init__(self, path: str, rank: int, size: int, timeout_s: float, alive=None):
+        self.rank, self.size, self.timeout_s, self.alive = rank, size, timeout_s, alive
+        mem = torch.from_file(path, shared=True, size=64 + 2 * size * self.SLOT, dtype=torch.uint8)
+        self.flags = mem[:8 * size].view(torch.int64).numpy()  # one int64 per rank; numpy: a cheap read
+        self.slots = mem[64:].view(2, size, self.SLOT)
+        self.calls = 0
+
+    @staticmethod
+    def usable(size: int) -> bool:
+        return platform.machine().lower() in ("x86_64", "amd64") and size <= 8
+
+    def all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
+        flat = t.contiguous().view(-1).view(torch.uint8)
+        n = flat.numel()
+        self.calls += 1
+        slots = self.slots[self.calls & 1]
+        slots[self.rank, :n].copy_(flat)
+        self.flags[self.rank] = self.calls  # after the data (x86: stores stay in order)
+        self._wait()
+        return [slots[r, :n].view(t.dtype).view(t.shape).clone() for r in range(self.size)]
+
+    def _wait(self) -> None:
+        spins, deadline = 0, None
+        while self.flags.min() < self.calls:
+            spins += 1
+            if spins > 64:  # more ranks than cores: let the others run
+                os.sched_yield()
+            if spins % 1024 == 0:
+                now = time.monotonic()
+                deadline = deadline or now + self.timeout_s
+                late = [r for r in range(self.size) if self.flags[r] < self.calls]
+                if self.alive is not None and not self.alive():
+                    raise RuntimeError(f"rank {late} exited during an all-gather")
+                if now > deadline:
+                    raise TimeoutError(f"ranks {late} did not reach all-gather {self.calls} in {self.timeout_s} s")
+
+
 class Group:
-    """The collectives the ranks use, on one gloo process group."""
+    """The collectives the ranks use, on one gloo process group (the all-gather through shared
+    memory where `share` has set it up)."""
 
     def __init__(self, pg: dist.ProcessGroupGloo, rank: int, size: int):
         self.pg, self.rank, self.size = pg, rank, size
+        self.shared: SharedGather | None = None
+
+    def share(self, timeout_s: float, alive=None) -> None:
+        """Set up the shared-memory all-gather (every rank calls this at once): rank 0 makes the
+        file, the others map it, then it is unlinked: the memory goes when the last rank does."""
+        if self.size == 1 or not SharedGather.usable(self.size):
+            return
+        path = None
+        if self.rank == 0:
+            folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+            fd, path = tempfile.mkstemp(prefix="nano_engine-tp-", dir=folder)
+            os.close(fd)
+        path = self.broadcast_object(path)
+        try:
+            self.shared = SharedGather(path, self.rank, self.size, timeout_s, alive)
+            self._gloo_all_gather(torch.zeros(1))  # every rank has mapped it
+        finally:
+            if self.rank == 0:
+                os.unlink(path)
 
     def broadcast(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
         """t from rank src, in place on every rank (its shape and dtype must already agree)."""
@@ -50,6 +121,11 @@ class Group:
 
     def all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's t (tensors of one shape and dtype), in rank order, on every rank."""
+        if self.shared is not None and t.numel() * t.element_size() <= SharedGather.SLOT:
+            return self.shared.all_gather(t)
+        return self._gloo_all_gather(t)
+
+    def _gloo_all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
         out = [torch.empty_like(t) for _ in range(self.size)]
         self.pg.allgather([out], [t.contiguous()]).wait()
         return out
@@ -126,6 +202,7 @@ def _worker_main(rank: int, world: int, port: int, timeout_s: float, factory, co
     threading.Thread(target=_watch_parent, args=(conn,), daemon=True).start()
     try:
         group = _group(rank, world, port, timeout_s)
+        group.share(timeout_s)
         obj = factory(group)
         while True:
             call = group.broadcast_object()
@@ -172,6 +249,7 @@ class Workers:
             cores = cores_of(0, world)
             torch.set_num_threads(len(cores) if cores else 1)
             self.group = _group(0, world, store.port, timeout_s, store=store)
+            self.group.share(timeout_s, alive=lambda: all(p.is_alive() for p in self.procs))
             self._store = store
             self.obj = (main or factory)(self.group)
         except BaseException as e:

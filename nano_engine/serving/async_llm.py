@@ -35,6 +35,7 @@ from typing import AsyncIterator, Callable, Sequence
 from ..detokenizer import IncrementalDetokenizer
 from ..engine import LLMEngine
 from ..request import SamplingParams
+from ..tensor_parallel import WorkerError
 
 logger = logging.getLogger(__name__)
 THREAD_NAME = "nano_engine-core"
@@ -296,15 +297,18 @@ class AsyncLLM:
                     tokens = self.engine.stats.tokens
                     try:
                         self.engine.step()
+                    except WorkerError:  # a tensor-parallel rank is gone: no step can run again
+                        raise
                     except Exception:  # the engine finished that step's requests with "error"
                         logger.exception("engine step %d failed", self.engine.stats.steps - 1)
                     self._stepped(self.engine.stats.tokens - tokens)
                 self._publish()
-        except BaseException as e:  # a bug here: callers must not wait forever
+        except BaseException as e:  # a bug here, or a dead rank: callers must not wait forever
             self.dead = e
             logger.exception("the engine thread died")
         finally:
             self._close_all()
+            self.engine.close()  # the worker processes, if any
 
     def _apply(self, command: _Add | _Abort) -> None:
         if isinstance(command, _Abort):
@@ -414,10 +418,11 @@ class AsyncLLM:
                 self.engine.abort(rid)
             except Exception:
                 logger.exception("abort of %s during shutdown failed", rid)
-        try:
-            self._publish()
-        except Exception:
-            logger.exception("the last outputs could not be handed out")
+        if not isinstance(self.dead, WorkerError):  # a dead rank ended its step's requests: they hear why below
+            try:
+                self._publish()
+            except Exception:
+                logger.exception("the last outputs could not be handed out")
         # A request the broken engine could not end: its caller hears why instead of waiting forever.
         for rid, stream in list(self._streams.items()):
             del self._streams[rid]
