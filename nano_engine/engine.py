@@ -32,7 +32,8 @@ from .sampling import SamplingMetadata, sample
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .spec_decode import SpeculativeConfig, make_proposer
 from .steplog import EngineStats, StepRecord
-from .tensor_parallel import ParallelConfig, TensorParallelRunner
+from .executor import ParallelConfig, ParallelRunner
+from .kv_transfer import KVTransferConfig, make_connector
 
 
 @dataclass
@@ -53,6 +54,9 @@ class EngineConfig:
     # Speculative decoding (spec_decode.py), vLLM's speculative_config: a SpeculativeConfig or a dict
     # such as {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}; None = off.
     speculative_config: SpeculativeConfig | None = None
+    # Disaggregated prefill (kv_transfer.py), vLLM's kv_transfer_config: a KVTransferConfig or a dict
+    # such as {"kv_role": "kv_consumer", "kv_connector_extra_config": {"shared_storage_path": "/tmp/kv"}}.
+    kv_transfer_config: KVTransferConfig | None = None
 
     def __post_init__(self):
         checks.instance("scheduler_config", self.scheduler_config, SchedulerConfig, "a SchedulerConfig")
@@ -63,6 +67,9 @@ class EngineConfig:
         # A deque's maxlen is a C ssize_t: refuse more here rather than deep inside LLMEngine.
         self.step_log_size = checks.integer("step_log_size", self.step_log_size, minimum=0, maximum=sys.maxsize)
         self.speculative_config = SpeculativeConfig.of(self.speculative_config)
+        self.kv_transfer_config = KVTransferConfig.of(self.kv_transfer_config)
+        if self.kv_transfer_config is not None and self.parallel_config.world_size > 1:
+            raise ValueError("kv_transfer_config with tensor or pipeline parallelism: not yet, one process only")
 
     @classmethod
     def from_settings(cls, **settings) -> "EngineConfig":
@@ -105,16 +112,18 @@ class LLMEngine:
         # engine decodes stop-string requests' text while a server may be encoding prompts.
         self.tokenizer_lock = threading.Lock()
         # The KV cache first: it refuses a pool larger than memory before anything is allocated.
-        if self.config.parallel_config.tensor_parallel_size == 1:
+        if self.config.parallel_config.world_size == 1:
             self.runner = ModelRunner(model, cache.num_blocks, cache.block_size, self.config.attention_backend)
-        else:  # the ranks start here, each with its shard and its part of every block (tensor_parallel.py)
-            self.runner = TensorParallelRunner(model, cache.num_blocks, cache.block_size,
-                                               self.config.attention_backend, self.config.parallel_config)
+        else:  # the ranks start here, each with its part of the model and of every block (executor.py)
+            self.runner = ParallelRunner(model, cache.num_blocks, cache.block_size,
+                                         self.config.attention_backend, self.config.parallel_config)
         try:
             self.block_pool = (block_pool_cls or BlockPool)(cache.num_blocks, cache.enable_prefix_caching)
             self.scheduler = (scheduler_cls or scheduler_class(sched.policy))(sched, self.block_pool, cache.block_size)
             spec = self.config.speculative_config
             self.proposer = make_proposer(spec, model, self.runner.attention_backend) if spec is not None else None
+            self.kv_connector = make_connector(self.config.kv_transfer_config, cache.block_size)
+            self.scheduler.kv_connector = self.kv_connector
         except BaseException:
             self.close()  # no worker left behind by an engine that never was
             raise
@@ -140,7 +149,7 @@ class LLMEngine:
         return cls(model, load_tokenizer(path), **kwargs)
 
     def close(self) -> None:
-        """Stop the engine's worker processes (tensor parallelism); nothing to do with one process.
+        """Stop the engine's worker processes (tensor or pipeline parallelism); nothing to do with one process.
         Steps after it fail; requests still unfinished stay as they are."""
         close = getattr(self.runner, "close", None)
         if close is not None:
@@ -294,6 +303,10 @@ class LLMEngine:
             for c in out.chunks:
                 if c.request.first_scheduled_time is None:
                     c.request.first_scheduled_time = t
+            for req, start, end in out.kv_loads:  # KV another engine computed (kv_transfer.py)
+                self.kv_connector.load_kv(req, self.runner.kv_cache, start, end)
+                bs = self.config.cache_config.block_size  # whole blocks of it: later prompts may share them
+                self.block_pool.cache_blocks(req.block_ids, self.scheduler.hashes(req, end // bs), start // bs)
             if out.chunks:
                 chunks = self._chunks(out)
                 logits = self.runner.forward(build_batch(chunks, self.config.cache_config.block_size))
@@ -399,6 +412,8 @@ class LLMEngine:
         for c in out.chunks:
             req = c.request
             req.num_computed = c.start + c.n
+            if self.kv_connector is not None and c.start < req.num_prompt_tokens <= req.num_computed:
+                self.kv_connector.save_kv(req, self.runner.kv_cache)  # the prompt is whole: for a consumer
             tokens, logprobs = sampled.get(req.request_id, ((), ()))
             drafts, req.spec_token_ids, req.spec_draft_probs = req.spec_token_ids, [], None
             if drafts and tokens:  # the refused drafts' KV is no longer the request's

@@ -361,7 +361,7 @@ class Transformer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        return self.model.norm.weight.dtype
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend | None = None):
         """Hidden states (T, hidden) after the final norm; `attend` defaults to causal self-attention."""
@@ -444,7 +444,8 @@ class Transformer(nn.Module):
                     parts = parts[-1:]
                 for name in parts:
                     yield getattr(owner, name), "packed", getattr(owner, name).weight
-        yield self.lm_head, "packed", self.lm_head.weight
+        if self.lm_head is not None:  # a pipeline stage before the last has none
+            yield self.lm_head, "packed", self.lm_head.weight
 
     @property
     def prepacked(self) -> bool:

@@ -87,6 +87,8 @@ class ScheduledChunk:
 class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    # (request, start, end): tokens whose KV the engine loads through its KV connector before the step
+    kv_loads: list[tuple[Request, int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -94,6 +96,8 @@ class SchedulerOutput:
 
 
 class Scheduler:
+    kv_connector = None  # kv_transfer.py's connector on a consumer engine (LLMEngine sets it)
+
     def __init__(self, config: SchedulerConfig, block_pool: BlockPool, block_size: int):
         self.config = config
         self.pool = block_pool
@@ -234,7 +238,10 @@ class Scheduler:
             hit = ([] if req.sampling_params.prompt_logprobs is not None else
                    self.pool.lookup(self.hashes(req, (req.num_tokens - 1) // self.block_size)))
             num_hit = len(hit) * self.block_size
-            n = req.num_tokens - num_hit
+            # Then what a KV connector can load beyond it (kv_transfer.py: disaggregated prefill).
+            num_external = (self.kv_connector.get_num_new_matched_tokens(req, num_hit)
+                            if self.kv_connector is not None else 0)
+            n = req.num_tokens - num_hit - num_external
             if not cfg.enable_chunked_prefill and n > budget:
                 break
             n = min(n, budget)
@@ -244,13 +251,13 @@ class Scheduler:
             # move to the back of the free queue as if used): those of this chunk, or of its whole
             # prompt under scheduler_reserve_full_isl. Hit blocks that are free leave the free queue
             # when taken, so they count against it too.
-            upto = req.num_tokens if cfg.scheduler_reserve_full_isl else num_hit + n
+            upto = req.num_tokens if cfg.scheduler_reserve_full_isl else num_hit + num_external + n
             need = math.ceil(upto / self.block_size) - len(hit)
             if need + sum(self.pool.ref_count[b] == 0 for b in hit) > self.pool.num_free:
                 break
             self.pool.touch(hit)
-            req.block_ids, req.num_computed = list(hit), num_hit
-            ok = self.allocate_slots(req, num_hit + n)
+            req.block_ids, req.num_computed = list(hit), num_hit + num_external
+            ok = self.allocate_slots(req, num_hit + num_external + n)
             assert ok, "the blocks were counted before the hit was taken"
             self.waiting.remove(req)
             self.running.append(req)
@@ -259,7 +266,10 @@ class Scheduler:
                 req.num_cached_tokens = num_hit
             self.prefix_cache_queries += req.num_tokens
             self.prefix_cache_hits += num_hit
-            scheduled[req.request_id] = ScheduledChunk(req, num_hit, n, req.chunk_kind(num_hit))
+            if num_external:  # the engine loads them into their blocks before the step runs
+                out.kv_loads.append((req, num_hit, num_hit + num_external))
+            scheduled[req.request_id] = ScheduledChunk(req, num_hit + num_external, n,
+                                                       req.chunk_kind(num_hit + num_external))
             budget -= n
             num_admitted += 1
 

@@ -1,9 +1,9 @@
 """Tensor parallelism: one model cut between processes, with one process's bits at every degree.
 
 The engine does not change: one scheduler, one block pool, one block table per request, in the
-engine's process. Only the runner changes. `TensorParallelRunner` starts `tensor_parallel_size`
+engine's process. Only the runner changes: executor.py's ParallelRunner starts `tensor_parallel_size`
 ranks (rank 0 in the engine's process, the others as workers, parallel/workers.py), hands each
-its shard of the weights once, and at every step hands every rank the step's batch; each rank
+its shard of the weights once (`TensorPlan` says which), and at every step hands every rank the step's batch; each rank
 runs the whole forward pass over its shard and its own KV cache, which holds only its KV heads,
 at the same slots, since the block table is the same for every rank.
 
@@ -32,34 +32,18 @@ logits: 2 * layers + 2 a step.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import checks
-from .kernels import paged_attention as kernels
-from .mini_llm import ModelConfig, Transformer, rope_inv_freq
+from .mini_llm import ModelConfig, Transformer
 from .parallel.split import Split, bounds
-from .parallel.workers import Group, Workers, WorkerError, max_ranks
-from .runner import Batch, ModelRunner
+from .parallel.workers import Group, max_ranks
+from .runner import Batch
 
-__all__ = ["ParallelConfig", "TensorParallelRunner", "WorkerError", "check_degree", "shard_state"]
-
-
-@dataclass
-class ParallelConfig:
-    """How many processes run the model (vLLM's `vllm/config/parallel.py`, ParallelConfig)."""
-
-    tensor_parallel_size: int = 1
-    # Seconds a rank waits in a collective for the others before the step fails: a hung rank.
-    worker_timeout_s: float = 120.0
-
-    def __post_init__(self):
-        self.tensor_parallel_size = checks.integer("tensor_parallel_size", self.tensor_parallel_size, minimum=1)
-        self.worker_timeout_s = checks.number("worker_timeout_s", self.worker_timeout_s, minimum=1e-3)
+__all__ = ["NoGroup", "ShardedTransformer", "TensorPlan", "check_degree", "weight_names"]
 
 
 def check_degree(cfg: ModelConfig, tensor_parallel_size: int) -> Split:
@@ -163,6 +147,11 @@ class ShardedTransformer(Transformer):
     def _one_call(self, attend):  # the one-call decoder has no collectives inside: layer by layer here
         return None
 
+    def rank_forward(self, batch: Batch, attend) -> torch.Tensor | None:
+        """One step on this rank: logits (S, vocab) on rank 0, as ModelRunner.forward gives them; None elsewhere."""
+        hidden = self(batch.input_ids, batch.positions, attend)
+        return self.compute_logits(hidden[batch.logits_indices])
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """The whole vocabulary's logits (float32 at least) on rank 0, from every rank's columns;
         None on the other ranks."""
@@ -178,123 +167,43 @@ class ShardedTransformer(Transformer):
         return torch.cat([p[:, :b - a] for p, a, b in zip(parts, vocab, vocab[1:])], dim=1)
 
 
-def _meta_shard(cfg: ModelConfig, split: Split, group: Group) -> ShardedTransformer:
-    with torch.device("meta"):
-        return ShardedTransformer(cfg, split, group)
-
-
-def _names(shard: ShardedTransformer) -> dict[str, torch.Size]:
-    """The shard's weights, in the order they travel (a tied LM head is the embedding: not twice)."""
-    return {name: t.shape for name, t in shard.state_dict().items()
-            if not (shard.config.tie_word_embeddings and name == "lm_head.weight")}
-
-
-def shard_state(model: Transformer, split: Split, rank: int) -> dict[str, torch.Tensor]:
-    """Rank `rank`'s weights, cut from the whole model's (contiguous: ready to send)."""
-    shard = Shard.of(model.config, split, rank)
-    whole = model.state_dict()
-    out = {}
-    for name, shape in _names(_meta_shard(model.config, split, _Nobody(rank, split.ranks))).items():
-        out[name] = shard.cut(name, whole[name]).contiguous()
-        if out[name].shape != shape:
-            raise AssertionError(f"{name}: cut {tuple(out[name].shape)}, the shard needs {tuple(shape)}")
-    return out
+def weight_names(model: Transformer) -> dict[str, torch.Size]:
+    """A rank model's weights, in the order they travel (a tied LM head is the embedding: not twice)."""
+    return {name: t.shape for name, t in model.state_dict().items()
+            if not (model.config.tie_word_embeddings and name == "lm_head.weight")}
 
 
 @dataclass
-class _Nobody:
-    """A rank number without a group: to build a shard on the meta device, where nothing runs."""
+class NoGroup:
+    """A rank number without a group: to build a rank's model on the meta device, where nothing runs."""
 
     rank: int
     size: int
 
 
 @dataclass(frozen=True)
-class RankSpec:
-    """What a worker needs to build its rank (no tensors: those come over the group)."""
+class TensorPlan:
+    """Which shard of the model each of `ranks` ranks holds (executor.py builds and runs them)."""
 
     config: ModelConfig
     split: Split
-    dtype: torch.dtype
-    fused: bool  # q/k/v and gate/up as one matmul each (Transformer.fuse)
-    prepack: bool  # the packed kernels (Transformer.prepack)
-    num_blocks: int
-    block_size: int
-    attention_backend: str
-
-
-class RankRunner(ModelRunner):
-    """One rank's runner: its shard and its KV cache (its KV heads, every block)."""
-
-    @torch.inference_mode()
-    def forward(self, batch: Batch) -> torch.Tensor | None:
-        """Logits (S, vocab) on rank 0, as ModelRunner.forward gives them; None on the others."""
-        hidden = self.model(batch.input_ids, batch.positions, self.paged_attend(batch))
-        return self.model.compute_logits(hidden[batch.logits_indices])
-
-
-def _build(spec: RankSpec, group: Group, state: dict[str, torch.Tensor]) -> RankRunner:
-    shard = _meta_shard(spec.config, spec.split, group)
-    shard.load_state_dict(state, strict=False, assign=True)
-    if spec.config.tie_word_embeddings:
-        shard.lm_head.weight = shard.model.embed_tokens.weight
-    shard.inv_freq = rope_inv_freq(spec.config)
-    shard = shard.to(spec.dtype).eval().requires_grad_(False)
-    if spec.fused:
-        shard.fuse()
-    if spec.prepack:
-        shard.prepack()
-    return RankRunner(shard, spec.num_blocks, spec.block_size, spec.attention_backend)
-
-
-def _worker_rank(spec: RankSpec, group: Group) -> RankRunner:
-    """A worker's rank: its weights from rank 0, in the order _names gives."""
-    names = _names(_meta_shard(spec.config, spec.split, group))
-    state = {name: group.recv(torch.empty(shape, dtype=spec.dtype), 0) for name, shape in names.items()}
-    return _build(spec, group, state)
-
-
-def _main_rank(model: Transformer, spec: RankSpec, group: Group) -> RankRunner:
-    """Rank 0, in the engine's process: sends each worker its weights, then builds its own shard."""
-    for rank in range(1, group.size):
-        for t in shard_state(model, spec.split, rank).values():
-            group.send(t, rank)
-    return _build(spec, group, shard_state(model, spec.split, 0))
-
-
-class TensorParallelRunner:
-    """ModelRunner's place in the engine at tensor_parallel_size > 1: `forward(batch)` runs the
-    step on every rank and returns rank 0's logits. `close()` stops the workers (LLMEngine.close)."""
-
-    def __init__(self, model: Transformer, num_blocks: int, block_size: int, attention_backend: str = "torch",
-                 parallel_config: ParallelConfig | None = None):
-        config = parallel_config or ParallelConfig()
-        cfg = model.config
-        split = check_degree(cfg, config.tensor_parallel_size)
-        self.block_size, self.tensor_parallel_size = block_size, config.tensor_parallel_size
-        self.attention_backend = kernels.resolve_backend(attention_backend, model.dtype)
-        if self.attention_backend == "c":
-            kernels.check_dtype(model.dtype)
-            kernels.library()  # built here, once, before the workers load it
-        itemsize = torch.empty((), dtype=model.dtype).element_size()
-        checks.fits_in_memory(f"a KV cache of num_blocks={num_blocks} x block_size={block_size} x "
-                              f"{cfg.num_hidden_layers} layers x {cfg.num_key_value_heads} KV heads x head_dim "
-                              f"{cfg.head_dim} ({model.dtype}, K and V, all ranks together)",
-                              2 * cfg.num_hidden_layers * num_blocks * block_size * cfg.num_key_value_heads
-                              * cfg.head_dim * itemsize)
-        fused_qkv = getattr(model.model.layers[0].self_attn, "qkv_weight", None) is not None
-        spec = RankSpec(cfg, split, model.dtype, fused_qkv, model.prepacked, num_blocks, block_size,
-                        self.attention_backend)
-        self.workers = Workers(config.tensor_parallel_size, functools.partial(_worker_rank, spec),
-                               config.worker_timeout_s, main=functools.partial(_main_rank, model, spec))
 
     @property
-    def kv_cache(self):
-        """Rank 0's KV cache (its KV heads)."""
-        return self.workers.obj.kv_cache
+    def ranks(self) -> int:
+        return self.split.ranks
 
-    def forward(self, batch: Batch) -> torch.Tensor:
-        return self.workers.call("forward", batch)
+    def meta(self, group) -> ShardedTransformer:
+        """Rank group.rank's model, on the meta device: its shapes, no memory."""
+        with torch.device("meta"):
+            return ShardedTransformer(self.config, self.split, group)
 
-    def close(self) -> None:
-        self.workers.close()
+    def cut(self, model: Transformer, rank: int) -> dict[str, torch.Tensor]:
+        """Rank `rank`'s weights, cut from the whole model's (contiguous: ready to send), by _names."""
+        shard = Shard.of(model.config, self.split, rank)
+        whole = model.state_dict()
+        out = {}
+        for name, shape in weight_names(self.meta(NoGroup(rank, self.ranks))).items():
+            out[name] = shard.cut(name, whole[name]).contiguous()
+            if out[name].shape != shape:
+                raise AssertionError(f"{name}: cut {tuple(out[name].shape)}, the shard needs {tuple(shape)}")
+        return out

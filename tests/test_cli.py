@@ -260,6 +260,7 @@ def test_run_fails_with_the_configs_that_differ_on_the_chapters_prompts(capsys, 
     tok = loading.load_tokenizer(good)
     assert seen == {"block_size": 8, "max_num_seqs": 5, "enable_prefix_caching": False, "max_tokens": 2,
                     "attention_backend": "c",  # auto: the kernel runs float32 and builds here
+                    "tensor_parallel_size": 1, "pipeline_parallel_size": 1,
                     "configs": experiments.IDENTITY_CONFIGS,
                     "prompts": [loading.chat_prompt_ids(tok, t) for t in experiments.CHAT_PROMPTS]}
 

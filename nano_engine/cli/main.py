@@ -43,7 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the engine's and generate's attention: c, the compiled kernel, or torch, the "
                          "chapters' code; auto (default): c where it runs the dtype and builds, else torch")
     ap.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1,
-                    help="run every config's engine on this many processes (default 1; tokens must not change)")
+                    help="run every config's engine on this many processes, each with a share of every layer "
+                         "(default 1; tokens must not change)")
+    ap.add_argument("--pipeline-parallel-size", "-pp", type=positive_int, default=1,
+                    help="... or on this many processes, each with a run of the layers (default 1)")
     ap.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice)")
     ap.add_argument("--debug", action="store_true", help="print the traceback of a failure")
     return ap
@@ -72,7 +75,7 @@ def run(ap: argparse.ArgumentParser, args) -> int:
     from ..lab.experiments import CHAT_PROMPTS, IDENTITY_CONFIGS, format_trace, identity_check
     from ..models.loading import chat_prompt_ids, check_model, load_tokenizer
     from ..mini_llm import Transformer
-    from ..tensor_parallel import check_degree
+    from ..executor import ParallelConfig, make_plan
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -88,7 +91,7 @@ def run(ap: argparse.ArgumentParser, args) -> int:
     print(f"model: {path} ({model.config.model_type}, {model.config.num_hidden_layers} layers, "
           f"{args.dtype}, attention {backend}), loaded in {time.perf_counter() - t:.1f} s")
     try:
-        check_degree(model.config, args.tensor_parallel_size)  # before the reference run, not after it
+        make_plan(model, ParallelConfig(args.tensor_parallel_size, args.pipeline_parallel_size))  # before the reference run
     except ValueError as e:
         ap.error(str(e))
     longest, limit = max(map(len, prompts)) + args.max_tokens, model.config.max_position_embeddings
@@ -100,7 +103,7 @@ def run(ap: argparse.ArgumentParser, args) -> int:
           f"{args.max_tokens} greedy tokens each\n")
     common = dict(block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                   enable_prefix_caching=not args.no_prefix_caching, attention_backend=backend,
-                  tensor_parallel_size=args.tensor_parallel_size)
+                  tensor_parallel_size=args.tensor_parallel_size, pipeline_parallel_size=args.pipeline_parallel_size)
     result = identity_check(model, prompts, args.max_tokens, IDENTITY_CONFIGS, **common)
 
     print(result.table())
@@ -116,7 +119,7 @@ def run(ap: argparse.ArgumentParser, args) -> int:
     return 0
 
 
-SUBCOMMANDS = {"serve": "serve", "bench-serve": "bench_serve", "vllm-args": "vllm_args"}  # python -m nano_engine NAME ...
+SUBCOMMANDS = {"serve": "serve", "bench-serve": "bench_serve", "vllm-args": "vllm_args", "disagg-proxy": "disagg_proxy"}  # python -m nano_engine NAME ...
 
 
 def main(argv=None) -> int:

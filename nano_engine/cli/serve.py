@@ -96,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1,
                     help="processes the model is cut between, each with its share of the cores "
                          "(default 1; at most the model's KV heads)")
+    ap.add_argument("--pipeline-parallel-size", "-pp", type=positive_int, default=1,
+                    help="processes the model's layers are cut between, in stages (default 1; not with "
+                         "--tensor-parallel-size above 1)")
+    ap.add_argument("--kv-transfer-config", type=_json_object, default=None,
+                    help="disaggregated prefill (vLLM's JSON): e.g. '{\"kv_role\": \"kv_producer\", "
+                         "\"kv_connector_extra_config\": {\"shared_storage_path\": \"/tmp/kv\"}}' on the prefill "
+                         "server, kv_consumer on the decode server")
     ap.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice)")
     ap.add_argument("--uvicorn-log-level", default="info",
                     choices=["critical", "error", "warning", "info", "debug", "trace"])
@@ -113,7 +120,8 @@ def engine_config(args) -> "EngineConfig":
         scheduler_reserve_full_isl=args.scheduler_reserve_full_isl, block_size=args.block_size,
         num_blocks=args.num_blocks, enable_prefix_caching=args.enable_prefix_caching,
         attention_backend=args.attention_backend, speculative_config=args.speculative_config,
-        tensor_parallel_size=args.tensor_parallel_size)
+        tensor_parallel_size=args.tensor_parallel_size, pipeline_parallel_size=args.pipeline_parallel_size,
+        kv_transfer_config=args.kv_transfer_config)
 
 
 def served_name(args) -> str:

@@ -75,8 +75,9 @@ def to_vllm(config: EngineConfig, dtype: str | None = None, max_model_len: int |
             ((sched, ("max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill")),
              (cache, ("enable_prefix_caching", "block_size", "num_blocks")),
              (sched, ("policy", "scheduler_reserve_full_isl"))) for name in names}
-    if config.parallel_config.tensor_parallel_size > 1:  # vLLM's name too (gloo ranks on CPU; both default 1)
-        args["tensor_parallel_size"] = config.parallel_config.tensor_parallel_size
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):  # vLLM's names too (both default 1)
+        if getattr(config.parallel_config, name) > 1:
+            args[name] = getattr(config.parallel_config, name)
     if dtype is not None:
         args["dtype"] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
         if args["dtype"] not in VLLM_DTYPES:
@@ -84,6 +85,9 @@ def to_vllm(config: EngineConfig, dtype: str | None = None, max_model_len: int |
                              f"for checking exactness)")
     if max_model_len is not None:
         args["max_model_len"] = max_model_len
+    kv = config.kv_transfer_config
+    if kv is not None:  # vLLM's SharedStorageConnector takes the same JSON
+        args["kv_transfer_config"] = json.dumps(dataclasses.asdict(kv))
     spec = config.speculative_config
     if spec is not None:  # vLLM's --speculative-config takes the same JSON
         args["speculative_config"] = json.dumps(spec.to_vllm())

@@ -35,7 +35,7 @@ from typing import AsyncIterator, Callable, Sequence
 from ..detokenizer import IncrementalDetokenizer
 from ..engine import LLMEngine
 from ..request import SamplingParams
-from ..tensor_parallel import WorkerError
+from ..executor import WorkerError
 
 logger = logging.getLogger(__name__)
 THREAD_NAME = "nano_engine-core"
@@ -297,7 +297,7 @@ class AsyncLLM:
                     tokens = self.engine.stats.tokens
                     try:
                         self.engine.step()
-                    except WorkerError:  # a tensor-parallel rank is gone: no step can run again
+                    except WorkerError:  # a rank (tensor or pipeline parallel) is gone: no step can run again
                         raise
                     except Exception:  # the engine finished that step's requests with "error"
                         logger.exception("engine step %d failed", self.engine.stats.steps - 1)
