@@ -20,8 +20,8 @@ the prompt's tokens), configured by a `KVTransferConfig` (`vllm/config/kv_transf
 
 The file holds every layer's K and V for every prompt token, token after token, whatever the
 block size: the producer reads them out of its blocks and the consumer writes them into its own,
-each at its slots (paged.slots_of), so engines with other block sizes exchange KV without a
-conversion step. What is loaded is what the consumer would have computed (the kernels give a
+each by `transfer_plan` (runs of slots consecutive on both sides, one copy each), so engines with
+other block sizes exchange KV without a conversion step. What is loaded is what the consumer would have computed (the kernels give a
 token's KV the same bits in any batch), so its tokens are one engine's (tests/test_kv_transfer.py).
 """
 
@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 import torch
 
 from . import checks
-from .paged import PagedKVCache, slots_of
+from .paged import PagedKVCache
 from .request import Request
 
-__all__ = ["KVTransferConfig", "SharedStorageConnector", "make_connector"]
+__all__ = ["KVTransferConfig", "SharedStorageConnector", "make_connector", "transfer_plan"]
 
 ROLES = ("kv_producer", "kv_consumer", "kv_both")
 CONNECTORS = ("SharedStorageConnector",)
@@ -86,6 +86,22 @@ class KVTransferConfig:
         return self.kv_role in ("kv_consumer", "kv_both")
 
 
+def transfer_plan(src_blocks, src_block_size: int, dst_blocks, dst_block_size: int, start: int,
+                  end: int) -> list[tuple[int, int, int]]:
+    """The copies that move tokens start .. end - 1 from one engine's slots to another's, each side
+    with its own block table and block size: (src_slot, dst_slot, length) runs in token order, each
+    as long as both sides' slots stay consecutive (exercise 140)."""
+    runs: list[tuple[int, int, int]] = []
+    for p in range(start, end):
+        s = src_blocks[p // src_block_size] * src_block_size + p % src_block_size
+        d = dst_blocks[p // dst_block_size] * dst_block_size + p % dst_block_size
+        if runs and runs[-1][0] + runs[-1][2] == s and runs[-1][1] + runs[-1][2] == d:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((s, d, 1))
+    return runs
+
+
 class SharedStorageConnector:
     """KV through files in a folder that both engines see (vLLM's SharedStorageConnector)."""
 
@@ -115,8 +131,14 @@ class SharedStorageConnector:
         """Write the prompt's K and V (every layer, every prompt token) from their blocks to the file."""
         if not self.config.is_producer or self.path_of(req).is_file():
             return
-        slots = slots_of(req.block_ids, 0, req.num_prompt_tokens, cache.block_size)
-        kv = {"k": torch.stack([k[slots] for k in cache.k]), "v": torch.stack([v[slots] for v in cache.v])}
+        n = req.num_prompt_tokens  # the file is one block of n slots: token p at p
+        plan = transfer_plan(req.block_ids, cache.block_size, [0], n, 0, n)
+        kv = {"k": torch.empty((len(cache.k), n, *cache.k[0].shape[1:]), dtype=cache.k[0].dtype)}
+        kv["v"] = torch.empty_like(kv["k"])
+        for layer in range(len(cache.k)):
+            for src, dst, length in plan:  # one copy per run of consecutive slots
+                kv["k"][layer, dst:dst + length] = cache.k[layer][src:src + length]
+                kv["v"][layer, dst:dst + length] = cache.v[layer][src:src + length]
         fd, tmp = tempfile.mkstemp(dir=self.folder, suffix=".part")  # whole or not at all: renamed when written
         os.close(fd)
         try:
@@ -136,9 +158,11 @@ class SharedStorageConnector:
             raise ValueError(f"{self.path_of(req)} holds KV of shape {tuple(k.shape)} in {k.dtype}; this engine "
                              f"needs {len(cache.k)} layers x {end} tokens x {tuple(cache.k[0].shape[1:])} in "
                              f"{cache.k[0].dtype}: another model or dtype wrote it")
-        slots = slots_of(req.block_ids, start, end, cache.block_size)
+        plan = transfer_plan([0], k.shape[1], req.block_ids, cache.block_size, start, end)
         for layer in range(len(cache.k)):
-            cache.write(layer, slots, kv["k"][layer, start:end], kv["v"][layer, start:end])
+            for src, dst, length in plan:  # one copy per run of consecutive slots
+                cache.k[layer][dst:dst + length] = kv["k"][layer, src:src + length]
+                cache.v[layer][dst:dst + length] = kv["v"][layer, src:src + length]
         self.num_loaded_tokens += end - start
 
 

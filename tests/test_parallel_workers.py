@@ -126,3 +126,21 @@ def test_one_rank_needs_no_process():
     with Workers(1, make_toy) as w:
         assert w.procs == [] and w.call("pid") == os.getpid()
         assert w.call("gather", 2).tolist() == [0.0, 0.0]
+
+
+class _FailsToUnpickle:
+    def __reduce__(self):
+        return (int, ("not a number",))  # raises in the worker, before any of our code runs there
+
+
+def _toy_with(extra, group):
+    return Toy(group)
+
+
+def test_a_worker_that_cannot_start_fails_the_start_at_once_not_after_the_timeout():
+    import functools
+
+    t = time.monotonic()
+    with pytest.raises(WorkerError, match="rank 1"):
+        Workers(2, functools.partial(_toy_with, _FailsToUnpickle()), timeout_s=300)
+    assert time.monotonic() - t < 60

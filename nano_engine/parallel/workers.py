@@ -178,11 +178,17 @@ def max_ranks() -> int:
     return 2 * len(_cores())
 
 
+STARTUP_S = 120.0  # seconds a worker may take to start (spawn, import torch) on a busy machine
+
+
 def _group(rank: int, world: int, port: int, timeout_s: float, store=None) -> Group:
-    timeout = datetime.timedelta(seconds=timeout_s)
+    """This rank's group. A worker says it is ready in the store first; rank 0 (which holds the
+    store) makes its group once every worker is: the group's own timeout is then for collectives
+    only, not for a slow start."""
     if store is None:
-        store = dist.TCPStore(HOST, port, world, False, timeout)
-    return Group(dist.ProcessGroupGloo(store, rank, world, timeout), rank, world)
+        store = dist.TCPStore(HOST, port, world, False, datetime.timedelta(seconds=max(timeout_s, STARTUP_S)))
+        store.set(f"ready{rank}", "1")
+    return Group(dist.ProcessGroupGloo(store, rank, world, datetime.timedelta(seconds=timeout_s)), rank, world)
 
 
 def _watch_parent(conn) -> None:
@@ -235,7 +241,8 @@ class Workers:
         self.world, self.closed, self.error = world, False, None
         self._threads = torch.get_num_threads()
         self.procs, self.conns = [], []
-        store = dist.TCPStore(HOST, 0, world, True, datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+        store = dist.TCPStore(HOST, 0, world, True, datetime.timedelta(seconds=max(timeout_s, STARTUP_S)),
+                              wait_for_workers=False)
         ctx = mp.get_context("spawn")
         try:
             for rank in range(1, world):
@@ -248,12 +255,24 @@ class Workers:
                 self.conns.append(ours)
             cores = cores_of(0, world)
             torch.set_num_threads(len(cores) if cores else 1)
+            self._wait_ready(store, max(timeout_s, STARTUP_S))
             self.group = _group(0, world, store.port, timeout_s, store=store)
             self.group.share(timeout_s, alive=lambda: all(p.is_alive() for p in self.procs))
             self._store = store
             self.obj = (main or factory)(self.group)
         except BaseException as e:
             self._fail(e)
+
+    def _wait_ready(self, store, seconds: float) -> None:
+        """Until every worker has started; a worker that exits first (a failed import, a bad
+        factory argument) fails this at once, not after the timeout."""
+        keys, deadline = [f"ready{rank}" for rank in range(1, self.world)], time.monotonic() + seconds
+        while not store.check(keys):
+            if any(p.exitcode is not None for p in self.procs):
+                raise RuntimeError("a worker exited while starting")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the workers did not start in {seconds:.0f} s")
+            time.sleep(0.01)
 
     def call(self, name: str, *args, **kwargs):
         """obj.name(*args, **kwargs) on every rank at once; rank 0's result."""

@@ -1,0 +1,32 @@
+"""Mutant of exercise 139: the ranks' partials are added rank after rank."""
+
+EXPECTED_HINT = "never simply rank after rank"
+
+import torch
+
+
+def _sum(sums, lo, hi):
+    if (lo, hi) in sums:
+        return sums[lo, hi]
+    mid = lo + (hi - lo + 1) // 2
+    return _sum(sums, lo, mid) + _sum(sums, mid, hi)
+
+
+def tree_sum(parts):
+    return _sum({(i, i + 1): p for i, p in enumerate(parts)}, 0, len(parts))
+
+
+def rank_partial(x, weight, k_bounds, lo, hi, matmul):
+    work = torch.promote_types(x.dtype, torch.float32)
+    sums = {}
+    for i in range(lo, hi):
+        a, b = k_bounds[i], k_bounds[i + 1]
+        sums[i, i + 1] = matmul(x[:, a:b], weight[:, a:b]).to(work)
+    return _sum(sums, lo, hi)
+
+
+def combine(partials, nodes, num_leaves):
+    out = partials[0]
+    for p in partials[1:]:
+        out = out + p  # MUTANT: rank order, not the tree's
+    return out
