@@ -9,10 +9,10 @@ import signal
 import pytest
 import torch
 
-from nano_engine import LLMEngine, SamplingParams, Transformer, generate
+from nano_engine import LLMEngine, SamplingParams, Transformer
 from nano_engine.parallel.workers import WorkerError, max_ranks
 from nano_engine.tiny import tiny_model
-from test_tensor_parallel import MAX_TOKENS, PROMPTS, SETTINGS, no_children, variants
+from test_tensor_parallel import MAX_TOKENS, PROMPTS, check_sizes, no_children, run as run_at, variants
 
 
 def five_layers(dtype: torch.dtype, **extra) -> Transformer:
@@ -20,30 +20,13 @@ def five_layers(dtype: torch.dtype, **extra) -> Transformer:
     return tiny_model(seed=4, dtype=dtype, vocab_size=61, num_layers=5, eos_token_id=60, **extra).requires_grad_(False)
 
 
-def run(model, pipeline_parallel_size: int, prompts=PROMPTS, **settings):
-    steps = []
-    with LLMEngine(model, pipeline_parallel_size=pipeline_parallel_size, **{**SETTINGS, **settings}) as engine:
-        forward = engine.runner.forward
-        engine.runner.forward = lambda batch: steps.append(forward(batch)) or steps[-1]
-        out = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
-        assert engine.stats.preemptions > 0 or "num_blocks" in settings
-    return [r.output_ids for r in out], steps
+def run(model, stages: int, prompts=PROMPTS, **settings):
+    return run_at(model, stages, prompts, key="pipeline_parallel_size", **settings)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_every_number_of_stages_gives_one_process_logits_bit_for_bit(dtype):
-    for backend, prepack in variants(dtype):
-        model = five_layers(dtype).fuse()
-        if prepack:
-            model.prepack()
-        reference = [generate(model, p, MAX_TOKENS, eos_token_id=60, attention_backend=backend) for p in PROMPTS]
-        tokens, steps = run(model, 1, attention_backend=backend)
-        assert tokens == reference
-        for stages in (2, 3, 4):
-            got_tokens, got_steps = run(model, stages, attention_backend=backend)
-            assert got_tokens == reference and len(got_steps) == len(steps)
-            for i, (a, b) in enumerate(zip(steps, got_steps)):
-                assert torch.equal(a, b), f"{backend=} {prepack=} {stages=}: step {i} differs"
+    check_sizes(five_layers, dtype, "pipeline_parallel_size", (2, 3, 4))
 
 
 def test_a_tied_head_and_qk_norm_on_the_last_stage():

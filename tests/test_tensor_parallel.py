@@ -32,15 +32,33 @@ def four_kv_heads(dtype: torch.dtype) -> Transformer:
                       intermediate_size=90, eos_token_id=60).requires_grad_(False)
 
 
-def run(model: Transformer, tensor_parallel_size: int, prompts=PROMPTS, **settings):
-    """Each request's tokens, and every step's logits, from an engine at that degree."""
+def run(model: Transformer, size: int, prompts=PROMPTS, key: str = "tensor_parallel_size", **settings):
+    """Each request's tokens, and every step's logits, from an engine with `key` (tensor_parallel_size
+    or pipeline_parallel_size) at `size`."""
     steps = []
-    with LLMEngine(model, tensor_parallel_size=tensor_parallel_size, **{**SETTINGS, **settings}) as engine:
+    with LLMEngine(model, **{key: size}, **{**SETTINGS, **settings}) as engine:
         forward = engine.runner.forward
         engine.runner.forward = lambda batch: steps.append(forward(batch)) or steps[-1]
         out = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
         assert engine.stats.preemptions > 0 or "num_blocks" in settings
     return [r.output_ids for r in out], steps
+
+
+def check_sizes(model_of, dtype: torch.dtype, key: str, sizes) -> None:
+    """At every size, on every path this machine runs for dtype: generate's tokens, and every step's
+    logits equal to one process's, bit for bit."""
+    for backend, prepack in variants(dtype):
+        model = model_of(dtype).fuse()
+        if prepack:
+            model.prepack()
+        reference = [generate(model, p, MAX_TOKENS, eos_token_id=60, attention_backend=backend) for p in PROMPTS]
+        tokens, steps = run(model, 1, key=key, attention_backend=backend)
+        assert tokens == reference
+        for size in sizes:
+            got_tokens, got_steps = run(model, size, key=key, attention_backend=backend)
+            assert got_tokens == reference and len(got_steps) == len(steps), (backend, prepack, size)
+            for i, (a, b) in enumerate(zip(steps, got_steps)):
+                assert torch.equal(a, b), f"{backend=} {prepack=} {key}={size}: step {i} differs by {(a - b).abs().max()}"
 
 
 def variants(dtype):
@@ -53,19 +71,7 @@ def variants(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_every_degree_gives_one_process_logits_bit_for_bit(dtype):
-    for backend, prepack in variants(dtype):
-        model = four_kv_heads(dtype).fuse()
-        if prepack:
-            model.prepack()
-        reference = [generate(model, p, MAX_TOKENS, eos_token_id=60, attention_backend=backend) for p in PROMPTS]
-        tokens, steps = run(model, 1, attention_backend=backend)
-        assert tokens == reference
-        for degree in (2, 4):
-            got_tokens, got_steps = run(model, degree, attention_backend=backend)
-            assert got_tokens == reference, (backend, prepack, degree)
-            assert len(got_steps) == len(steps)
-            for i, (a, b) in enumerate(zip(steps, got_steps)):
-                assert torch.equal(a, b), f"{backend=} {prepack=} {degree=}: step {i} differs by {(a - b).abs().max()}"
+    check_sizes(four_kv_heads, dtype, "tensor_parallel_size", (2, 4))
 
 
 def test_uneven_shares_of_heads_give_the_same_bits():
@@ -178,3 +184,54 @@ def test_the_server_at_two_ranks_answers_the_openai_client_with_generate_tokens_
             assert no_children() == []
     finally:
         llm.shutdown()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _spawned_children(pid: int) -> list[int]:
+    """The processes `pid` started with multiprocessing's spawn (its tensor-parallel workers)."""
+    out = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline") as f:
+                spawned = "spawn_main" in f.read()
+        except OSError:
+            continue
+        if parent == pid and spawned and _alive(int(entry)):
+            out.append(int(entry))
+    return out
+
+
+def test_ctrl_c_on_serve_at_two_ranks_stops_every_worker():
+    """`python -m nano_engine serve --tensor-parallel-size 2`, a real process: it answers, then
+    Ctrl-C (SIGINT) ends it (status 130, as for every command here) and its worker with it."""
+    import time
+
+    import openai
+
+    from nano_engine.serving.launcher import ServerProcess
+
+    server = ServerProcess("--tensor-parallel-size", "2", "--dtype", "bfloat16", "--max-num-seqs", "4").start()
+    try:
+        client = openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0)
+        out = client.completions.create(model=client.models.list().data[0].id, prompt=[1, 2, 3], max_tokens=3,
+                                        temperature=0, extra_body={"ignore_eos": True})
+        assert out.usage.completion_tokens == 3
+        workers = _spawned_children(server.proc.pid)
+        assert len(workers) == 1, workers
+        server.proc.send_signal(signal.SIGINT)
+        assert server.proc.wait(60) in (0, 130)
+        deadline = time.monotonic() + 20
+        while any(map(_alive, workers)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(_alive, workers))
+    finally:
+        server.stop()
