@@ -144,3 +144,14 @@ def test_a_worker_that_cannot_start_fails_the_start_at_once_not_after_the_timeou
     with pytest.raises(WorkerError, match="rank 1"):
         Workers(2, functools.partial(_toy_with, _FailsToUnpickle()), timeout_s=300)
     assert time.monotonic() - t < 60
+
+
+def test_without_room_in_dev_shm_the_slots_live_in_the_temporary_folder(monkeypatch):
+    """A container's /dev/shm is often 64 MiB: the shared file goes to the temporary folder instead
+    (shared through the page cache), and the all-gather gives the same answers."""
+    import nano_engine.parallel.workers as workers_module
+
+    monkeypatch.setattr(workers_module, "_shared_folder", lambda nbytes: None)
+    with Workers(2, make_toy) as w:
+        assert w.group.shared is not None
+        assert torch.equal(w.call("gather", 3), torch.tensor([0.0, 0, 0, 1, 1, 1]))

@@ -51,10 +51,14 @@ class SharedGather:
 
     def __init__(self, path: str, rank: int, size: int, timeout_s: float, alive=None):
         self.rank, self.size, self.timeout_s, self.alive = rank, size, timeout_s, alive
-        mem = torch.from_file(path, shared=True, size=64 + 2 * size * self.SLOT, dtype=torch.uint8)
+        mem = torch.from_file(path, shared=True, size=self.nbytes(size), dtype=torch.uint8)
         self.flags = mem[:8 * size].view(torch.int64).numpy()  # one int64 per rank; numpy: a cheap read
         self.slots = mem[64:].view(2, size, self.SLOT)
         self.calls = 0
+
+    @classmethod
+    def nbytes(cls, size: int) -> int:
+        return 64 + 2 * size * cls.SLOT
 
     @staticmethod
     def usable(size: int) -> bool:
@@ -86,6 +90,19 @@ class SharedGather:
                     raise TimeoutError(f"ranks {late} did not reach all-gather {self.calls} in {self.timeout_s} s")
 
 
+def _shared_folder(nbytes: int) -> str | None:
+    """/dev/shm where it has room for the slots (a container's is often 64 MiB, and a shared file
+    larger than its tmpfs kills the process that touches the missing pages), else the temporary
+    folder: a file there is shared through the page cache all the same."""
+    try:
+        stat = os.statvfs("/dev/shm")
+        if stat.f_bavail * stat.f_frsize >= 2 * nbytes:
+            return "/dev/shm"
+    except OSError:
+        pass
+    return None
+
+
 class Group:
     """The collectives the ranks use, on one gloo process group (the all-gather through shared
     memory where `share` has set it up)."""
@@ -101,8 +118,7 @@ class Group:
             return
         path = None
         if self.rank == 0:
-            folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
-            fd, path = tempfile.mkstemp(prefix="nano_engine-tp-", dir=folder)
+            fd, path = tempfile.mkstemp(prefix="nano_engine-tp-", dir=_shared_folder(SharedGather.nbytes(self.size)))
             os.close(fd)
         path = self.broadcast_object(path)
         try:
