@@ -43,8 +43,10 @@ def test_the_embedded_model_in_two_stages_gives_one_process_bits(dtype):
     from nano_engine.models.loading import chat_prompt_ids, load_tokenizer
 
     tokenizer = load_tokenizer(None)
-    prompts = [chat_prompt_ids(tokenizer, q) for q in ("What is the capital of France?", "What is 1+1?")]
-    settings = dict(max_num_batched_tokens=32, num_blocks=64, block_size=16)
+    prompts = [chat_prompt_ids(tokenizer, q) for q in ("What is the capital of France?", "Tell me about the moon.",
+                                                       "What is 1+1?")]
+    prompts.append(prompts[0])  # again: a prefix-cache hit
+    settings = dict(max_num_batched_tokens=32, num_blocks=6, block_size=16)  # chunks, and a preemption
     backend, prepack = variants(dtype)[-1]
     model = Transformer.from_pretrained(None, dtype=dtype, prepack=prepack)
     tokens, steps = run(model, 1, prompts, attention_backend=backend, **settings)
