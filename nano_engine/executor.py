@@ -24,6 +24,7 @@ import torch
 from . import checks
 from .kernels import paged_attention as kernels
 from .mini_llm import Transformer, rope_inv_freq
+from .paged import PagedKVCache
 from .parallel.workers import Group, WorkerError, Workers
 from .pipeline_parallel import PipelinePlan, check_stages
 from .runner import Batch, ModelRunner
@@ -127,12 +128,8 @@ class ParallelRunner:
         if self.attention_backend == "c":
             kernels.check_dtype(model.dtype)
             kernels.library()  # built here, once, before the workers load it
-        itemsize = torch.empty((), dtype=model.dtype).element_size()
-        checks.fits_in_memory(f"a KV cache of num_blocks={num_blocks} x block_size={block_size} x "
-                              f"{cfg.num_hidden_layers} layers x {cfg.num_key_value_heads} KV heads x head_dim "
-                              f"{cfg.head_dim} ({model.dtype}, K and V, all ranks together)",
-                              2 * cfg.num_hidden_layers * num_blocks * block_size * cfg.num_key_value_heads
-                              * cfg.head_dim * itemsize)
+        PagedKVCache.check_fits(cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim,
+                                model.dtype, where=", all ranks together")
         fused_qkv = getattr(model.model.layers[0].self_attn, "qkv_weight", None) is not None
         spec = RankSpec(self.plan, model.dtype, fused_qkv, model.prepacked, num_blocks, block_size,
                         self.attention_backend)

@@ -28,7 +28,7 @@ from torch import nn
 from . import checks
 from .kernels import decoder, fused
 from .kernels import paged_attention as attention_kernel
-from .kernels.linear import NEEDS, PackedLeaves, PackedWeight, can_prepack, linear
+from .kernels.linear import NEEDS, PackedLeaves, PackedWeight, can_prepack, linear, packed_kind
 from .parallel.split import Tree, bounds
 
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -41,9 +41,11 @@ class Linear(nn.Linear):
     `leaves`, the K bounds of its parts, one per KV head (parallel/split.py): its output is the sum
     of the parts' products in one fixed tree, in float32 at least, rounded once to the dtype, so
     that ranks holding some of the leaves each can give the same bits as one process holding all.
-    With one KV head there is one leaf: the plain product. On a tensor-parallel rank
-    (tensor_parallel.py) the layer holds the leaves of `node` only, and `reduce` turns its
-    subtree's sum into the whole layer's, with the other ranks' sums."""
+    With one KV head there is one leaf: the plain product. Where the CPU has a kernel of ours
+    (kernels/linear.py), the leaves run on it, packed once (`_leaf_packs`), and all of them with
+    their tree sum in one call (`PackedLeaves.gemm`), so that the tree costs one process next to
+    nothing. On a tensor-parallel rank (tensor_parallel.py) the layer holds the leaves of `node`
+    only, and `reduce` turns its subtree's sum into the whole layer's, with the other ranks' sums."""
 
     packed: PackedWeight | PackedLeaves | None = None  # Transformer.prepack
     leaves: tuple[int, ...] | None = None  # K bounds: the layer's leaf i is columns leaves[i] .. leaves[i + 1] - 1
@@ -58,6 +60,8 @@ class Linear(nn.Linear):
     def forward(self, x):
         if self.leaves is None:
             return linear(x, self.weight, self.bias, self.packed)
+        if self.reduce is None and self.node is None and (y := self._one_call(x)) is not None:
+            return y
         node = self.root
         parts = self.leaf_products(x, node)
         if self.reduce is not None:  # a rank: its subtree, then the levels above it, with the others
@@ -66,6 +70,17 @@ class Linear(nn.Linear):
             return y
         return leaf_sum(parts, node).to(x.dtype)
 
+    def _one_call(self, x: torch.Tensor) -> torch.Tensor | None:
+        """All the leaves and their tree sum in one kernel call, where the kernel of the leaves'
+        packs takes them (PackedLeaves.gemm): the bits of the leaves one by one, without a call each."""
+        if self.bias is not None or x.dim() != 2 or x.dtype != self.weight.dtype or self._grad():
+            return None
+        packs = self._leaf_packs()
+        return packs.gemm(x) if isinstance(packs, PackedLeaves) else None
+
+    def _grad(self) -> bool:
+        return torch.is_grad_enabled() and self.weight.requires_grad
+
     def leaf_products(self, x: torch.Tensor, node: Tree) -> list[torch.Tensor]:
         """The products of the leaves of `node` (within this layer's root), each in x's dtype
         (x: all the layer's K columns)."""
@@ -73,22 +88,33 @@ class Linear(nn.Linear):
             raise ValueError("a row-parallel layer with a bias is not supported (vLLM adds it on one rank only)")
         base = self.root.lo  # the layer's leaf i - base is the tree's leaf i
         cols = {i - base: slice(self.leaves[i - base], self.leaves[i - base + 1]) for i in range(node.lo, node.hi)}
-        if isinstance(self.packed, PackedLeaves) and self.packed.matches(self.weight):
-            return [linear(x[:, c], self.weight[:, c], None, self.packed.packs[i]) for i, c in cols.items()]
-        if torch.is_grad_enabled() and self.weight.requires_grad:  # slices of the parameter itself, for backward
+        if self._grad():  # slices of the parameter itself, for backward
             return [F.linear(x[:, c], self.weight[:, c]) for c in cols.values()]
-        weights = self._leaf_weights()
-        return [linear(x[:, c], weights[i]) for i, c in cols.items()]
+        packs = self._leaf_packs()
+        if isinstance(packs, PackedLeaves):
+            return [linear(x[:, c], self.weight[:, c], None, packs.packs[i]) for i, c in cols.items()]
+        return [linear(x[:, c], packs[i]) for i, c in cols.items()]
 
-    def _leaf_weights(self) -> list[torch.Tensor]:
-        """Each leaf's columns of the weight as a contiguous copy, made once per weight (oneDNN
-        takes its slow reference kernel for a weight with gaps between its rows)."""
+    def _leaf_packs(self) -> PackedLeaves | list[torch.Tensor]:
+        """The leaves' weights as the kernels take them. Transformer.prepack's while current; on the
+        plain path, made here once per weight: packed for a kernel of ours where the CPU has one (then
+        a rank's leaves and one process's run the same chains, all leaves in one call where the
+        kernel takes that: the tree costs a process next to nothing), else each leaf's columns as a
+        contiguous copy (oneDNN takes its slow reference kernel for a weight with gaps between its
+        rows). Either holds as many numbers as the weight."""
+        if isinstance(self.packed, PackedLeaves) and self.packed.matches(self.weight):
+            return self.packed
         w = self.weight
         key = (w.data_ptr(), w.dtype, w._version)
-        if getattr(self, "_leaf_copies", (None,))[0] != key:
+        if getattr(self, "_plain_leaves", (None,))[0] != key:
             with torch.inference_mode(False), torch.no_grad():  # usable in and out of inference mode
-                self._leaf_copies = (key, [w.detach()[:, a:b].contiguous() for a, b in zip(self.leaves, self.leaves[1:])])
-        return self._leaf_copies[1]
+                w = w.detach()
+                if packed_kind(w.dtype) in ("f32", "bf16_dot", "amx"):
+                    leaves = PackedLeaves(w, self.leaves)
+                else:
+                    leaves = [w[:, a:b].contiguous() for a, b in zip(self.leaves, self.leaves[1:])]
+                self._plain_leaves = (key, leaves)
+        return self._plain_leaves[1]
 
 
 def leaf_sum(parts: list[torch.Tensor], node: Tree) -> torch.Tensor:
@@ -452,6 +478,7 @@ class Transformer(nn.Module):
         """True when every matmul of a forward pass reads a packed weight that is still current."""
         return all(isinstance(p := getattr(o, a, None), (PackedWeight, PackedLeaves)) and p.matches(w)
                    for o, a, w in self.linear_sites())
+
 
     def prepack(self) -> "Transformer":
         """The fast path (a setting, off by default): pack each matmul's weight once for its kernel,

@@ -15,7 +15,6 @@ evicted least-recently-freed first.
 from __future__ import annotations
 
 import hashlib
-import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
@@ -182,12 +181,20 @@ class PagedKVCache:
         self.block_size = block_size
         self.num_blocks = num_blocks
         shape = (num_blocks * block_size, num_kv_heads, head_dim)
-        # Refuse a pool larger than memory before allocating it (K and V, every layer).
-        num_bytes = 2 * num_layers * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        checks.fits_in_memory(f"a KV cache of num_blocks={num_blocks} x block_size={block_size} x {num_layers} "
-                              f"layers x {num_kv_heads} KV heads x head_dim {head_dim} ({dtype}, K and V)", num_bytes)
+        self.check_fits(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype)
         self.k = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+
+    @staticmethod
+    def check_fits(num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                   dtype: torch.dtype, where: str = "") -> None:
+        """Refuse (ValueError, naming the sizes) a pool larger than memory, before allocating it: K
+        and V of every layer. `where` says whose memory, if not this process's alone."""
+        num_bytes = 2 * num_layers * num_blocks * block_size * num_kv_heads * head_dim
+        num_bytes *= torch.empty((), dtype=dtype).element_size()
+        checks.fits_in_memory(f"a KV cache of num_blocks={num_blocks} x block_size={block_size} x {num_layers} "
+                              f"layers x {num_kv_heads} KV heads x head_dim {head_dim} ({dtype}, K and V{where})",
+                              num_bytes)
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store the new tokens' K and V (T, nkv, hd) at their slots (T,)."""

@@ -26,8 +26,9 @@ the levels of the tree above (`Split.combine`). So a rank never adds in an order
 of ranks chose, and every degree gives one process's logits, bit for bit (tests/test_tensor_parallel.py).
 An embedding row is copied from the rank that owns it: exact too.
 
-Two collectives a layer (vLLM: two all-reduces), one for the embedding and one gather of the
-logits: 2 * layers + 2 a step.
+A step's collectives: two all-gathers a layer (where vLLM all-reduces twice) and one for the
+embedding, 2 * layers + 1 (61 for the embedded model's 30 layers); then one gather of the logits to
+rank 0, besides the broadcast of the step's batch that opens it (parallel/workers.py, Workers.call).
 """
 
 from __future__ import annotations
@@ -114,11 +115,14 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         self.lo, self.hi, self.group = vocab[rank], vocab[rank + 1], group
         self.starts = vocab[1:-1]  # where ranks 1 .. N - 1 begin (a list: the shard is made on the meta device)
+        self._starts: torch.Tensor | None = None  # the same as a tensor of the ids' dtype, made at the first step
         self.weight = nn.Parameter(torch.empty(self.hi - self.lo, hidden))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         local = F.embedding((input_ids - self.lo).clamp(0, self.hi - self.lo - 1), self.weight)
-        owner = torch.bucketize(input_ids, torch.tensor(self.starts, dtype=input_ids.dtype), right=True)
+        if self._starts is None or self._starts.dtype != input_ids.dtype:
+            self._starts = torch.tensor(self.starts, dtype=input_ids.dtype)
+        owner = torch.bucketize(input_ids, self._starts, right=True)
         return torch.stack(self.group.all_gather(local))[owner, torch.arange(len(input_ids))]
 
 
@@ -135,8 +139,9 @@ class ShardedTransformer(Transformer):
             for layer, whole in ((block.self_attn.o_proj, shard.o_leaves), (block.mlp.down_proj, shard.mlp_leaves)):
                 layer.leaves = tuple(b - whole[node.lo] for b in whole[node.lo:node.hi + 1])
                 layer.node, layer.reduce = node, self._reduce
-        self.model.embed_tokens = VocabParallelEmbedding(bounds(cfg.vocab_size, split.ranks), group.rank,
-                                                         cfg.hidden_size, group)
+        self.vocab = bounds(cfg.vocab_size, split.ranks)  # rank r's ids: vocab[r] .. vocab[r + 1] - 1
+        self.vocab_width = max(b - a for a, b in zip(self.vocab, self.vocab[1:]))  # the widest share
+        self.model.embed_tokens = VocabParallelEmbedding(self.vocab, group.rank, cfg.hidden_size, group)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -157,14 +162,12 @@ class ShardedTransformer(Transformer):
         None on the other ranks."""
         local = self.lm_head(hidden)
         local = local.to(torch.promote_types(local.dtype, torch.float32))
-        vocab = bounds(self.full_config.vocab_size, self.split.ranks)
         if hidden.shape[0] == 0:  # nothing samples this step (every rank knows: the batch is the same)
             return local.new_empty(0, self.full_config.vocab_size) if self.group.rank == 0 else None
-        width = max(b - a for a, b in zip(vocab, vocab[1:]))
-        parts = self.group.gather(F.pad(local, (0, width - local.shape[1])))
+        parts = self.group.gather(F.pad(local, (0, self.vocab_width - local.shape[1])))  # shares of one width
         if parts is None:
             return None
-        return torch.cat([p[:, :b - a] for p, a, b in zip(parts, vocab, vocab[1:])], dim=1)
+        return torch.cat([p[:, :b - a] for p, a, b in zip(parts, self.vocab, self.vocab[1:])], dim=1)
 
 
 def weight_names(model: Transformer) -> dict[str, torch.Size]:

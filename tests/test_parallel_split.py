@@ -120,11 +120,12 @@ def test_o_proj_and_down_proj_give_one_process_bits_from_any_number_of_ranks(dty
     for layer in (block.self_attn.o_proj, block.mlp.down_proj):
         assert len(layer.leaves) == 5
         x = torch.randn(23, layer.in_features).to(dtype)
-        alone = layer(x)
-        for ranks in (1, 2, 3, 4):
-            split = Split.of(4, ranks)
-            partials = [leaf_sum(layer.leaf_products(x, node), node) for node in split.nodes]
-            assert torch.equal(split.combine(partials).to(dtype), alone), (layer, ranks)
+        with torch.inference_mode():  # as the engine runs it (on packed weights: one kernel call, see below)
+            alone = layer(x)
+            for ranks in (1, 2, 3, 4):
+                split = Split.of(4, ranks)
+                partials = [leaf_sum(layer.leaf_products(x, node), node) for node in split.nodes]
+                assert torch.equal(split.combine(partials).to(dtype), alone), (layer, ranks)
 
 
 def test_one_kv_head_keeps_the_plain_product():
@@ -141,3 +142,26 @@ def test_the_embedded_models_leaves_are_its_kv_heads():
         block = Transformer(cfg).model.layers[0]
     assert block.self_attn.o_proj.leaves == (0, 192, 384, 576)  # 3 query heads of 64 each
     assert block.mlp.down_proj.leaves == (0, 512, 1024, 1536)
+
+
+ONE_CALL = [dt for dt in (torch.float32, torch.bfloat16) if can_prepack(dt)]
+
+
+@pytest.mark.parametrize("dtype", ONE_CALL)
+def test_all_leaves_in_one_kernel_call_have_the_bits_of_the_leaves_one_by_one(dtype):
+    """On packed weights a layer's leaves and their tree sum run as one call of our kernel
+    (PackedLeaves.gemm, where the CPU's kernel has it): the same bits as a call per leaf and the
+    tree sum, at any row count, for leaves of odd widths (down_proj's 100 columns in 4) and rows
+    read with a stride."""
+    block = four_kv_heads(dtype, prepack=True).model.layers[0]
+    torch.manual_seed(3)
+    for layer in (block.self_attn.o_proj, block.mlp.down_proj):
+        if layer.packed.gemm(torch.zeros(1, layer.in_features, dtype=dtype)) is None:
+            continue  # AMX packs: leaf by leaf (what the test above checks)
+        wide = torch.randn(13, layer.in_features + 3).to(dtype)
+        for x in (wide[:, :layer.in_features].contiguous(), wide[:, 1:layer.in_features + 1]):
+            with torch.inference_mode():
+                whole = layer(x)
+                by_leaf = leaf_sum(layer.leaf_products(x, layer.root), layer.root).to(dtype)
+                assert torch.equal(whole, by_leaf), layer
+                assert all(torch.equal(layer(x[:m]), whole[:m]) for m in (1, 2, 6, 7)), layer

@@ -14,7 +14,7 @@ from nano_engine import mini_llm
 from nano_engine.kernels import linear as linear_module
 from nano_engine.lab.experiments import CHAT_PROMPTS, identity_check
 from nano_engine.models.loading import chat_prompt_ids, load_tokenizer
-from nano_engine.mini_llm import PackedWeight, Transformer, generate, linear
+from nano_engine.mini_llm import PackedLeaves, PackedWeight, Transformer, generate, linear
 from nano_engine.tiny import tiny_model
 
 
@@ -70,14 +70,25 @@ def test_every_matmul_reads_a_packed_weight_and_the_tokens_stay(fused, monkeypat
         calls.append(packed is not None and packed.matches(weight))
         return real(x, weight, bias, packed)
 
+    one_calls = []  # o and down with all their leaves in one kernel call (where the kernel has it)
+    real_leaves = PackedLeaves.gemm
+
+    def spy_leaves(self, x):
+        y = real_leaves(self, x)
+        one_calls.append(y is not None)
+        return y
+
     monkeypatch.setattr(mini_llm, "linear", spy)
+    monkeypatch.setattr(PackedLeaves, "gemm", spy_leaves)
     with torch.inference_mode():
         model.compute_logits(model(torch.tensor([3, 4, 5]), torch.arange(3)))
-    # q, k, v, o, gate, up, down in each layer (q/k/v and gate/up one each when fused; o and down one
-    # per leaf, mini_llm.Linear), the head
-    block = model.model.layers[0]
-    leaves = sum(len(m.leaves) - 1 if m.leaves else 1 for m in (block.self_attn.o_proj, block.mlp.down_proj))
-    assert len(calls) == ((2 if fused else 5) + leaves) * model.config.num_hidden_layers + 1 and all(calls)
+    # q, k, v, gate, up in each layer (q/k/v and gate/up one each when fused), the head; o and down
+    # (mini_llm.Linear) in one call each, or one per leaf where the kernel takes one leaf at a time
+    block, layers = model.model.layers[0], model.config.num_hidden_layers
+    leaves = sum(len(m.leaves) - 1 for m in (block.self_attn.o_proj, block.mlp.down_proj))
+    assert len(one_calls) == 2 * layers and len(set(one_calls)) == 1
+    per_leaf = 0 if one_calls[0] else leaves * layers
+    assert len(calls) == (2 if fused else 5) * layers + 1 + per_leaf and all(calls)
     assert generate(model, [5, 6, 7, 8], 12) == plain
     monkeypatch.undo()
     assert model.unpack() is model and not model.prepacked  # back to the plain path

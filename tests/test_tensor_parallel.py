@@ -110,6 +110,12 @@ def test_a_degree_the_model_or_machine_cannot_run_is_refused_before_any_process_
     assert no_children() == []
 
 
+def test_a_kv_pool_larger_than_memory_is_refused_before_any_process_starts():
+    with pytest.raises(ValueError, match=r"num_blocks=1000000000.*all ranks together"):
+        LLMEngine(four_kv_heads(torch.float32), tensor_parallel_size=2, num_blocks=10**9)
+    assert no_children() == []
+
+
 def test_a_dead_rank_fails_the_step_and_the_engine_says_so_after():
     model = four_kv_heads(torch.float32)
     engine = LLMEngine(model, tensor_parallel_size=2, num_blocks=32, block_size=4)

@@ -36,7 +36,7 @@ P, I, L, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
 
 class Kernels(ctypes.Structure):
     _fields_ = [(name, P) for name in ("gemm", "norm", "add_norm", "silu_mul", "rope", "qk_norm_rope", "attention",
-                                       "leaf_sum")]
+                                       "leaf_sum", "gemm_leaves")]
 
 
 class Shape(ctypes.Structure):
@@ -72,20 +72,23 @@ def _address(fn) -> int:
     return ctypes.cast(fn, P).value
 
 
-# PackedWeight.kind -> the library and the function its gemm calls (PackedWeight.gemm's).
-GEMMS = {"f32": (_linear.f32_library, "gemm_f32"), "bf16_dot": (_linear.bf16_dot_library, "gemm_bf16_dot"),
-         "amx": (_linear.amx_library, "gemm_bf16")}
+# PackedWeight.kind -> the library, the function its gemm calls (PackedWeight.gemm's) and the one that
+# takes all of a row-parallel layer's leaves (PackedLeaves.gemm's; None: a call per leaf, then leaf_sum).
+GEMMS = {"f32": (_linear.f32_library, "gemm_f32", "gemm_leaves_f32"),
+         "bf16_dot": (_linear.bf16_dot_library, "gemm_bf16_dot", "gemm_leaves_bf16_dot"),
+         "amx": (_linear.amx_library, "gemm_bf16", None)}
 
 
 def _kernels(dtype: torch.dtype, kind: str) -> Kernels:
     name = {torch.float32: "f32", torch.bfloat16: "bf16"}[dtype]
-    library_of, function = GEMMS[kind]
+    library_of, function, leaves_function = GEMMS[kind]
     gemm = getattr(library_of(), function)
+    gemm_leaves = _address(getattr(library_of(), leaves_function)) if leaves_function else None
     f, a = fused.library(), attention_kernel.library()
     return Kernels(_address(gemm), _address(getattr(f, f"rms_norm_{name}")), _address(getattr(f, f"add_rms_norm_{name}")),
                    _address(getattr(f, f"silu_mul_{name}")), _address(getattr(f, f"rope_{name}")),
                    _address(getattr(f, f"qk_norm_rope_{name}")), _address(getattr(a, f"paged_attention_{name}")),
-                   _address(getattr(f, f"leaf_sum_{name}")))
+                   _address(getattr(f, f"leaf_sum_{name}")), gemm_leaves)
 
 
 class Plan:
@@ -154,6 +157,8 @@ def make_plan(model) -> Plan | None:
         if not all(getattr(mod, "fused", False) for mod in (a, m, block.input_layernorm, block.post_attention_layernorm)):
             return None
         kinds |= {p.kind for p in packs}
+        if not kinds <= GEMMS.keys():  # weights no gemm here takes (quantized ones): layer by layer
+            return None
         eps |= {block.input_layernorm.eps, block.post_attention_layernorm.eps}
         bias = None
         if a.qkv_bias is not None:

@@ -87,7 +87,9 @@ def _declare_f32(lib: ctypes.CDLL) -> None:
     lib.f32_available.restype = lib.bf16_dot_available.restype = I
     lib.pack_f32.argtypes = lib.pack_bf16_pairs.argtypes = [P, P, I, I]
     lib.gemm_f32.argtypes = lib.gemm_bf16_dot.argtypes = [P, L, P, P, L, P, I, I, I, I]
-    lib.pack_f32.restype = lib.gemm_f32.restype = lib.pack_bf16_pairs.restype = lib.gemm_bf16_dot.restype = None
+    lib.gemm_leaves_f32.argtypes = lib.gemm_leaves_bf16_dot.argtypes = [P, L, P, P, I, P, L, I, I, I]
+    for name in ("pack_f32", "gemm_f32", "pack_bf16_pairs", "gemm_bf16_dot", "gemm_leaves_f32", "gemm_leaves_bf16_dot"):
+        getattr(lib, name).restype = None
 
 
 @functools.cache
@@ -267,12 +269,40 @@ class PackedLeaves:
     """A row-parallel layer's weight packed leaf by leaf (parallel/split.py): packs[i] is a
     PackedWeight of weight[:, leaves[i]:leaves[i + 1]]. Current while the weight is unchanged."""
 
+    MAX_LEAVES = 64  # gemm_f32.cpp's: more leaves take one call each (leaf_products)
+
     def __init__(self, weight: torch.Tensor, leaves: tuple[int, ...]):
         self.leaves = leaves
         self.packs = [PackedWeight(weight[:, a:b]) for a, b in zip(leaves, leaves[1:])]
         self.kind, self.own = self.packs[0].kind, self.packs[0].own
         self.padded = any(getattr(p, "kp", p.k) != p.k for p in self.packs)  # K padded for AMX's slices of 32
+        self.n, self.k = weight.shape
         self._key = PackedWeight._key_of(weight)
+        # gemm_f32.cpp's function that takes all the leaves in one call, where there is one
+        self._leaves_fn = {"f32": "gemm_leaves_f32", "bf16_dot": "gemm_leaves_bf16_dot"}.get(self.kind)
+        if len(self.packs) > self.MAX_LEAVES:
+            self._leaves_fn = None
 
     def matches(self, weight: torch.Tensor) -> bool:
         return self._key == PackedWeight._key_of(weight)
+
+    def gemm(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The layer's output in one call of our kernel (gemm_leaves_* in csrc/gemm_f32.cpp): every
+        leaf's product over its columns of x (M, K), summed in the fixed tree in float32, rounded once
+        to x's dtype, the bits of the leaves' separate products and their tree sum. None where that
+        kernel does not run (AMX or oneDNN packs, more than MAX_LEAVES leaves): call the leaves one by one."""
+        if self._leaves_fn is None:
+            return None
+        if x.shape[1] != self.k:
+            raise ValueError(f"x has {x.shape[1]} columns; this weight takes {self.k}")
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        # The addresses are taken at each call (a few microseconds), so that a copy (copy.deepcopy) never
+        # reads another's packs.
+        addresses = (ctypes.c_void_p * len(self.packs))(*(p.tensor.data_ptr() for p in self.packs))
+        bounds = (ctypes.c_int * len(self.leaves))(*self.leaves)
+        y = torch.empty(x.shape[0], self.n, dtype=x.dtype)
+        with build.profiled(f"nano_engine::{self._leaves_fn}"):
+            getattr(f32_library(), self._leaves_fn)(x.data_ptr(), x.stride(0), addresses, bounds, len(self.packs),
+                                                    y.data_ptr(), self.n, x.shape[0], self.n, torch.get_num_threads())
+        return y

@@ -27,6 +27,8 @@ using QkNormRope = void (*)(void *x, long ldx, const void *wq, const void *wk, c
                             int nh, int nkv, int hd, float eps, int threads);
 using LeafSum = void (*)(const void *const *parts, long ldp, int leaves, void *out, long ldo, int rows, int cols,
                         int threads);
+using GemmLeaves = void (*)(const void *x, long ldx, const void *const *packs, const int *bounds, int leaves, void *y,
+                            long ldy, int M, int N, int threads);
 using Attention = void (*)(const void *q, const void *k_cache, const void *v_cache, void *out, const int32_t *query_start,
                            const int32_t *num_cached, const int32_t *tables, int num_seqs, int max_blocks, int nh, int nkv,
                            int hd, int bs, float scale, int threads);
@@ -45,6 +47,7 @@ struct Kernels {
     QkNormRope qk_norm_rope;
     Attention attention;
     LeafSum leaf_sum;
+    GemmLeaves gemm_leaves;  // all of a row-parallel layer's leaves and their sum in one call; null: leaf by leaf
 };
 
 struct Shape {
@@ -128,10 +131,17 @@ extern "C" void decoder_forward(const Kernels *kn, const Shape *sp, const Layer 
     };
     // A row-parallel product (o_proj, down_proj) into b.delta: with leaves, each leaf's product over
     // its K columns (K * i / leaves .. K * (i + 1) / leaves, parallel/split.py's bounds, as mini_llm's),
-    // then their tree sum (fused.cpp's leaf_sum, as mini_llm.Linear calls it).
+    // then their tree sum (fused.cpp's leaf_sum), or both in one call where the gemm's library has it,
+    // as mini_llm.Linear calls them.
     auto row_parallel = [&](const char *in, long K, const void *const *packs) {
         if (s.leaves == 1) {
             kn->gemm(in, K, packs[0], b.delta, D, nullptr, T, D, static_cast<int>(K), th);
+            return;
+        }
+        if (kn->gemm_leaves) {  // the same products and tree sum in one call (gemm_f32.cpp's leaves_gemm)
+            int bounds[MAX_LEAVES + 1];
+            for (int i = 0; i <= s.leaves; i++) bounds[i] = static_cast<int>(K * i / s.leaves);
+            kn->gemm_leaves(in, K, packs, bounds, s.leaves, b.delta, D, T, D, th);
             return;
         }
         const void *parts[MAX_LEAVES];

@@ -31,14 +31,15 @@ namespace {
 constexpr int MR = 6;  // rows per register block
 constexpr int NP = 4;  // panels (of 16 columns) per register block
 
-// Rows m0 .. m0 + R - 1 x panels p0 .. p0 + P - 1: R x P chains of K fused multiply-adds each.
+// Rows m0 .. m0 + R - 1 x panels p0 .. p0 + P - 1: R x P chains of K fused multiply-adds each, from
+// w, which points at panel p0 (panels K x 16 apart), into y, which points at the block's first output
+// (row m0, column 16 p0), rows ldy apart.
 template <int R, int P>
-void block(const float *x, long ldx, const float *packed, float *y, long ldy, const float *bias, int m0, int p0,
-           int N, int K) {
+void block(const float *x, long ldx, const float *w, float *y, long ldy, const float *bias, int m0, int p0, int N,
+           int K) {
     __m512 acc[R][P];
     for (int r = 0; r < R; r++)
         for (int p = 0; p < P; p++) acc[r][p] = _mm512_setzero_ps();
-    const float *w = packed + static_cast<long>(p0) * K * 16;
     const float *a = x + m0 * ldx;
     for (int k = 0; k < K; k++) {
         __m512 wv[P];
@@ -54,7 +55,7 @@ void block(const float *x, long ldx, const float *packed, float *y, long ldy, co
         const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
         for (int r = 0; r < R; r++) {
             const __m512 v = bias ? _mm512_add_ps(acc[r][p], b) : acc[r][p];
-            _mm512_mask_storeu_ps(y + (m0 + r) * ldy + n0, mask, v);
+            _mm512_mask_storeu_ps(y + r * ldy + 16 * p, mask, v);
         }
     }
 }
@@ -83,6 +84,7 @@ template <class Kernel> typename Kernel::Fn pick(int R, int P) {
 struct F32 {
     using Fn = void (*)(const float *, long, const float *, float *, long, const float *, int, int, int, int);
     template <int R, int P> static constexpr Fn block = ::block<R, P>;
+    static constexpr long PANEL = 16;  // values of a panel per step of the chain
 };
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -91,12 +93,11 @@ struct F32 {
 // then x[k] W[k] (each product exact in float32, each sum rounded to nearest even, denormals
 // flushed: Intel's definition, which AMD's Zen 4 and 5 follow).
 template <int R, int P>
-void block_bf16(const uint32_t *x, long ldx, const uint16_t *packed, uint16_t *y, long ldy, const float *bias, int m0,
+void block_bf16(const uint32_t *x, long ldx, const uint16_t *w, uint16_t *y, long ldy, const float *bias, int m0,
                 int p0, int N, int pairs) {
     __m512 acc[R][P];
     for (int r = 0; r < R; r++)
         for (int p = 0; p < P; p++) acc[r][p] = _mm512_setzero_ps();
-    const uint16_t *w = packed + static_cast<long>(p0) * pairs * 32;
     const uint32_t *a = x + m0 * ldx;
     for (int k = 0; k < pairs; k++) {
         __m512bh wv[P];
@@ -113,7 +114,7 @@ void block_bf16(const uint32_t *x, long ldx, const uint16_t *packed, uint16_t *y
         for (int r = 0; r < R; r++) {
             const __m512 v = bias ? _mm512_add_ps(acc[r][p], b) : acc[r][p];
             const __m512i h = _mm512_srli_epi32(_mm512_castps_si512(simd::round_bf16({v}).v), 16);  // ties to even
-            _mm256_mask_storeu_epi16(y + (m0 + r) * ldy + n0, mask, _mm512_cvtepi32_epi16(h));
+            _mm256_mask_storeu_epi16(y + r * ldy + 16 * p, mask, _mm512_cvtepi32_epi16(h));
         }
     }
 }
@@ -121,8 +122,70 @@ void block_bf16(const uint32_t *x, long ldx, const uint16_t *packed, uint16_t *y
 struct Bf16 {
     using Fn = void (*)(const uint32_t *, long, const uint16_t *, uint16_t *, long, const float *, int, int, int, int);
     template <int R, int P> static constexpr Fn block = block_bf16<R, P>;
+    static constexpr long PANEL = 32;
 };
 #endif
+
+// A row-parallel layer's leaves (parallel/split.py, mini_llm.Linear) in one call: leaf l is the K
+// range x[:, offsets[l] ..] of steps[l] steps, times its own packed weight packs[l]. Each leaf's
+// product is the plain kernel's on those columns (the same chains, rounded to Y as its own call
+// would round it); the products are then added in split.py's fixed tree in float32 and rounded
+// once: fused.cpp's leaf_sum of the separate calls, to the bit, without their trips through memory
+// and Python. A register block's leaves go to a small buffer of the thread's, then straight to y.
+constexpr int MAX_LEAVES = 64;  // kernels/linear.py takes the separate calls above this
+
+inline __m512 tree_sum(const __m512 *v, int lo, int hi) {  // split.py's Tree: first half rounded up, then the rest
+    if (hi - lo == 1) return v[lo];
+    const int mid = lo + (hi - lo + 1) / 2;
+    return _mm512_add_ps(tree_sum(v, lo, mid), tree_sum(v, mid, hi));
+}
+
+inline __m512 widen16(const float *p) { return _mm512_loadu_ps(p); }
+inline void store16(float *y, __mmask16 mask, __m512 v) { _mm512_mask_storeu_ps(y, mask, v); }
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+inline __m512 widen16(const uint16_t *p) {  // 16 bfloat16, exactly
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+inline void store16(uint16_t *y, __mmask16 mask, __m512 v) {  // rounded to nearest even, as block_bf16 stores
+    const __m512i h = _mm512_srli_epi32(_mm512_castps_si512(simd::round_bf16({v}).v), 16);
+    _mm256_mask_storeu_epi16(y, mask, _mm512_cvtepi32_epi16(h));
+}
+#endif
+
+template <class Kernel, class X, class W, class Y>
+void leaves_gemm(const X *x, long ldx, const long *offsets, const int *steps, const void *const *packs, int leaves,
+                 Y *y, long ldy, int M, int N, int threads) {
+    constexpr long LD = NP * 16, TILE = MR * LD;  // one register block's outputs, per leaf
+    const int panels = (N + 15) / 16, groups = (panels + NP - 1) / NP;
+#pragma omp parallel num_threads(threads)
+    {
+        Y *buf = new Y[TILE * leaves]();
+#pragma omp for schedule(static)
+        for (int g = 0; g < groups; g++) {
+            const int p0 = g * NP, P = panels - p0 < NP ? panels - p0 : NP;
+            for (int m0 = 0; m0 < M; m0 += MR) {
+                const int R = M - m0 < MR ? M - m0 : MR;
+                const typename Kernel::Fn fn = pick<Kernel>(R, P);
+                for (int l = 0; l < leaves; l++)
+                    fn(x + offsets[l], ldx, static_cast<const W *>(packs[l]) + static_cast<long>(p0) * steps[l] * Kernel::PANEL,
+                       buf + l * TILE, LD, nullptr, m0, p0, N, steps[l]);
+                for (int r = 0; r < R; r++)
+                    for (int p = 0; p < P; p++) {
+                        const int n0 = 16 * (p0 + p), cols = N - n0 < 16 ? N - n0 : 16;
+                        const __mmask16 mask = cols >= 16 ? 0xffff : static_cast<__mmask16>((1u << cols) - 1);
+                        __m512 v[MAX_LEAVES];
+                        for (int l = 0; l < leaves; l++) v[l] = widen16(buf + l * TILE + r * LD + 16 * p);
+                        store16(y + (m0 + r) * ldy + n0, mask, tree_sum(v, 0, leaves));
+                    }
+            }
+        }
+        delete[] buf;
+    }
+}
+
+
 
 }  // namespace
 
@@ -155,9 +218,20 @@ extern "C" void gemm_f32(const float *x, long ldx, const float *packed, float *y
         const int p0 = g * NP, P = panels - p0 < NP ? panels - p0 : NP;
         for (int m0 = 0; m0 < M; m0 += MR) {
             const int R = M - m0 < MR ? M - m0 : MR;
-            pick<F32>(R, P)(x, ldx, packed, y, ldy, bias, m0, p0, N, K);
+            pick<F32>(R, P)(x, ldx, packed + static_cast<long>(p0) * K * 16, y + m0 * ldy + 16 * p0, ldy, bias, m0, p0,
+                            N, K);
         }
     }
+}
+
+// A row-parallel layer's leaves in one call (leaves_gemm): leaf l is x's columns bounds[l] ..
+// bounds[l + 1] - 1 times packs[l] (from pack_f32 of the weight's same columns); y: their tree sum.
+extern "C" void gemm_leaves_f32(const float *x, long ldx, const void *const *packs, const int *bounds, int leaves,
+                                float *y, long ldy, int M, int N, int threads) {
+    long offsets[MAX_LEAVES];
+    int steps[MAX_LEAVES];
+    for (int l = 0; l < leaves; l++) offsets[l] = bounds[l], steps[l] = bounds[l + 1] - bounds[l];
+    leaves_gemm<F32, float, float>(x, ldx, offsets, steps, packs, leaves, y, ldy, M, N, threads);
 }
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -197,15 +271,46 @@ extern "C" void gemm_bf16_dot(const uint16_t *x, long ldx, const uint16_t *packe
         const int p0 = g * NP, P = panels - p0 < NP ? panels - p0 : NP;
         for (int m0 = 0; m0 < M; m0 += MR) {
             const int R = M - m0 < MR ? M - m0 : MR;
-            pick<Bf16>(R, P)(rows, ld, packed, y, ldy, bias, m0, p0, N, pairs);
+            pick<Bf16>(R, P)(rows, ld, packed + static_cast<long>(p0) * pairs * 32, y + m0 * ldy + 16 * p0, ldy, bias, m0,
+                             p0, N, pairs);
         }
     }
     delete[] xp;  // null when read in place
 }
+
+// gemm_leaves_f32's bfloat16 twin (packs[l] from pack_bf16_pairs of the leaf's columns): each leaf's
+// product rounded to bfloat16 as gemm_bf16_dot rounds it, their tree sum in float32, rounded once.
+extern "C" void gemm_leaves_bf16_dot(const uint16_t *x, long ldx, const void *const *packs, const int *bounds,
+                                     int leaves, uint16_t *y, long ldy, int M, int N, int threads) {
+    // The rows as 32-bit pairs, each leaf's from its own first column: read in place when every
+    // bound, the row stride and the address are even, else each leaf's columns copied after the
+    // last's (with a zero after an odd count), as gemm_bf16_dot copies one leaf's.
+    bool copy = ldx % 2 || reinterpret_cast<uintptr_t>(x) % 4;
+    for (int l = 0; l <= leaves; l++) copy = copy || bounds[l] % 2;
+    long offsets[MAX_LEAVES], total = 0;
+    int steps[MAX_LEAVES];
+    for (int l = 0; l < leaves; l++) {
+        steps[l] = (bounds[l + 1] - bounds[l] + 1) / 2;
+        offsets[l] = copy ? total : bounds[l] / 2;
+        total += steps[l];
+    }
+    uint16_t *xp = copy ? new uint16_t[static_cast<long>(M) * total * 2]() : nullptr;
+    for (long m = 0; copy && m < M; m++)
+        for (int l = 0; l < leaves; l++)
+            std::memcpy(xp + (m * total + offsets[l]) * 2, x + m * ldx + bounds[l],
+                        static_cast<size_t>(bounds[l + 1] - bounds[l]) * 2);
+    const uint32_t *rows = reinterpret_cast<const uint32_t *>(copy ? xp : x);
+    leaves_gemm<Bf16, uint32_t, uint16_t>(rows, copy ? total : ldx / 2, offsets, steps, packs, leaves, y, ldy, M, N,
+                                          threads);
+    delete[] xp;  // null when read in place
+}
+
 #else
 extern "C" void pack_bf16_pairs(const uint16_t *, uint16_t *, int, int) {}
 extern "C" void gemm_bf16_dot(const uint16_t *, long, const uint16_t *, uint16_t *, long, const float *, int, int, int,
                               int) {}
+extern "C" void gemm_leaves_bf16_dot(const uint16_t *, long, const void *const *, const int *, int, uint16_t *, long, int,
+                                     int, int) {}
 #endif
 
 #else  // no AVX-512 on this CPU: kernels/linear.py never calls these
@@ -217,5 +322,9 @@ extern "C" void gemm_f32(const float *, long, const float *, float *, long, cons
 extern "C" void pack_bf16_pairs(const uint16_t *, uint16_t *, int, int) {}
 extern "C" void gemm_bf16_dot(const uint16_t *, long, const uint16_t *, uint16_t *, long, const float *, int, int, int,
                               int) {}
+
+extern "C" void gemm_leaves_f32(const float *, long, const void *const *, const int *, int, float *, long, int, int, int) {}
+extern "C" void gemm_leaves_bf16_dot(const uint16_t *, long, const void *const *, const int *, int, uint16_t *, long, int,
+                                     int, int) {}
 
 #endif
