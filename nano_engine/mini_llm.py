@@ -30,6 +30,8 @@ from .kernels import decoder, fused
 from .kernels import paged_attention as attention_kernel
 from .kernels.linear import NEEDS, PackedLeaves, PackedWeight, can_prepack, linear, packed_kind
 from .parallel.split import Tree, bounds
+from .quantization import METHODS as QUANTIZATION_METHODS
+from .quantization import DEFAULT_GROUP_SIZE, QuantizedWeight, dequantize, quantize
 
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -47,7 +49,7 @@ class Linear(nn.Linear):
     nothing. On a tensor-parallel rank (tensor_parallel.py) the layer holds the leaves of `node`
     only, and `reduce` turns its subtree's sum into the whole layer's, with the other ranks' sums."""
 
-    packed: PackedWeight | PackedLeaves | None = None  # Transformer.prepack
+    packed: PackedWeight | PackedLeaves | QuantizedWeight | None = None  # Transformer.prepack / quantize
     leaves: tuple[int, ...] | None = None  # K bounds: the layer's leaf i is columns leaves[i] .. leaves[i + 1] - 1
     node: Tree | None = None  # which leaves of the whole layer's tree these are (None: all of them)
     reduce: Callable[[torch.Tensor], torch.Tensor] | None = None  # this node's sum -> the root's (unrounded)
@@ -75,6 +77,8 @@ class Linear(nn.Linear):
         packs takes them (PackedLeaves.gemm): the bits of the leaves one by one, without a call each."""
         if self.bias is not None or x.dim() != 2 or x.dtype != self.weight.dtype or self._grad():
             return None
+        if isinstance(self.packed, QuantizedWeight) and self.packed.matches(self.weight):
+            return self.packed.gemm(x)  # its integers, its leaves and their tree in one call (quantization.py)
         packs = self._leaf_packs()
         return packs.gemm(x) if isinstance(packs, PackedLeaves) else None
 
@@ -476,9 +480,43 @@ class Transformer(nn.Module):
     @property
     def prepacked(self) -> bool:
         """True when every matmul of a forward pass reads a packed weight that is still current."""
-        return all(isinstance(p := getattr(o, a, None), (PackedWeight, PackedLeaves)) and p.matches(w)
+        return all(isinstance(p := getattr(o, a, None), (PackedWeight, PackedLeaves, QuantizedWeight)) and p.matches(w)
                    for o, a, w in self.linear_sites())
 
+    @property
+    def quantization(self) -> str | None:
+        """The method of the model's quantized weights (Transformer.quantize), or None."""
+        kinds = {p.kind for o, a, _ in self.linear_sites() if isinstance(p := getattr(o, a, None), QuantizedWeight)}
+        return kinds.pop() if len(kinds) == 1 else None
+
+    def quantize(self, method: str, group_size: int = DEFAULT_GROUP_SIZE) -> "Transformer":
+        """Weight-only quantization (quantization.py): every layer's matmul weight stored as "int8"
+        (a scale per output row) or "int4" (a scale per group_size columns of a row), dequantized
+        inside the matmul kernel, so that a step reads a quarter or an eighth of float32's weight
+        bytes. The LM head (the embedding, where tied) keeps its dtype, prepacked where it can be.
+
+        The float weights are replaced by the dequantized ones, rounded to the model's dtype (exact
+        in float32), and stay, for the plain path (`unpack`) and for copies of the model; a layer
+        reads its integers while its float weight is unchanged. In float32 the products are then the
+        prepacked model's on those weights, to the bit; in bfloat16 they are float32 sums over the
+        dequantized float32 weights, rounded once. Irreversible: quantize a copy to keep the original."""
+        method = checks.choice("quantization", method, QUANTIZATION_METHODS)
+        if self.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"quantization runs float32 and bfloat16 models, not {str(self.dtype).removeprefix('torch.')}")
+        if self.quantization is not None:
+            raise ValueError(f"the model is already quantized ({self.quantization}): quantize the original")
+        with torch.no_grad():
+            for owner, attr, weight in self.linear_sites():
+                if owner is self.lm_head:
+                    continue
+                qt = quantize(weight, method, group_size)
+                weight.copy_(dequantize(qt).to(weight.dtype))
+                leaves = getattr(owner, "leaves", None) if attr == "packed" else None
+                setattr(owner, attr, QuantizedWeight(qt, weight, leaves))
+        if self.lm_head is not None and can_prepack(self.dtype):
+            self.lm_head.packed = PackedWeight(self.lm_head.weight)
+        self._fuse(fused.available(self.dtype))
+        return self
 
     def prepack(self) -> "Transformer":
         """The fast path (a setting, off by default): pack each matmul's weight once for its kernel,

@@ -315,3 +315,14 @@ def test_the_identity_check_runs_at_two_ranks_and_a_degree_the_model_cannot_take
     assert code == 0 and err == [] and out.rstrip().endswith("token for token")
     code, out, err = cli(capsys, "--model", str(good), "--max-tokens", "3", "-tp", "3")
     assert code == 2 and "tensor_parallel_size=3" in err[-1] and "2 KV heads" in err[-1]
+
+
+def test_the_identity_check_runs_on_quantized_weights_and_what_they_cannot_run_with_exits_2(capsys, good):
+    for method in ("int8", "int4"):
+        code, out, err = cli(capsys, "--model", str(good), "--max-tokens", "3", "--prompt", "w1 w2 w3",
+                             "--quantization", method)
+        assert code == 0 and err == [] and f"weights {method}" in out and out.rstrip().endswith("token for token")
+    code, out, err = cli(capsys, "--model", str(good), "-q", "int8", "--dtype", "float64")
+    assert code == 2 and "--quantization" in err[-1] and "float64" in err[-1]
+    code, out, err = cli(capsys, "--model", str(good), "-q", "int4", "-tp", "2")
+    assert code == 2 and "--quantization" in err[-1]

@@ -676,6 +676,8 @@ BAD_FLAGS = [  # (argv, what the error line names)
     (["--dtype", "float16", "--prepack"], ["--prepack", "float16"]),  # no packed kernel for float16 anywhere
     (["--dtype", "float16", "--attention-backend", "c"], ["--attention-backend c", "float16"]),
     (["--scheduling-policy", "static", "--enable-chunked-prefill"], ["enable_chunked_prefill", "static"]),
+    (["--quantization", "int8", "--dtype", "float16"], ["--quantization", "float16"]),
+    (["-q", "int4", "--tensor-parallel-size", "2"], ["--quantization"]), (["-q", "int2"], ["--quantization", "int2"]),
 ]
 
 

@@ -24,6 +24,26 @@ def message(text: str) -> str:
     return text
 
 
+QUANTIZATION = ("int8", "int4")  # quantization.METHODS (not imported here: --help stays fast)
+
+
+def add_quantization(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--quantization", "-q", choices=QUANTIZATION,
+                    help="weight-only quantization at load time (nano_engine/quantization.py): int8, a scale per "
+                         "output row, or int4, a scale per 128 columns of a row; the LM head keeps the dtype "
+                         "(default: none)")
+
+
+def check_quantization(ap: argparse.ArgumentParser, args) -> None:
+    """Refuse, before anything loads, what --quantization cannot run with."""
+    if args.quantization is None:
+        return
+    if args.dtype not in ("float32", "fp32", "bfloat16", "bf16"):
+        ap.error(f"--quantization {args.quantization} runs --dtype float32 or bfloat16, got --dtype {args.dtype}")
+    if args.tensor_parallel_size > 1 or args.pipeline_parallel_size > 1:
+        ap.error(f"--quantization {args.quantization} runs on one process (tensor and pipeline parallel sizes 1)")
+
+
 def guarded(ap: argparse.ArgumentParser, argv, run_fn) -> int:
     """Parse argv and run; every failure becomes one line on stderr and an exit status."""
     args = None

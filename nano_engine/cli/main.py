@@ -20,7 +20,7 @@ import math
 import sys
 import time
 
-from .common import guarded, message, positive_int
+from .common import add_quantization, check_quantization, guarded, message, positive_int
 
 PROG = "python -m nano_engine"
 
@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default 1; tokens must not change)")
     ap.add_argument("--pipeline-parallel-size", "-pp", type=positive_int, default=1,
                     help="... or on this many processes, each with a run of the layers (default 1)")
+    add_quantization(ap)
     ap.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice)")
     ap.add_argument("--debug", action="store_true", help="print the traceback of a failure")
     return ap
@@ -77,6 +78,7 @@ def run(ap: argparse.ArgumentParser, args) -> int:
     from ..mini_llm import Transformer
     from ..executor import ParallelConfig, make_plan
 
+    check_quantization(ap, args)
     if args.threads:
         torch.set_num_threads(args.threads)
     # Every file first (no weights read): a broken model fails here, in a second, with its name.
@@ -87,9 +89,12 @@ def run(ap: argparse.ArgumentParser, args) -> int:
     prompts = [chat_prompt_ids(tokenizer, text) for text in texts]
     _check_fits(ap, args, prompts, IDENTITY_CONFIGS)
     model = Transformer.from_pretrained(path, dtype=args.dtype)
+    if args.quantization:
+        model.quantize(args.quantization)
     backend = resolve_backend(args.attention_backend, model.dtype)
+    weights = f"{args.dtype}, weights {args.quantization}" if args.quantization else args.dtype
     print(f"model: {path} ({model.config.model_type}, {model.config.num_hidden_layers} layers, "
-          f"{args.dtype}, attention {backend}), loaded in {time.perf_counter() - t:.1f} s")
+          f"{weights}, attention {backend}), loaded in {time.perf_counter() - t:.1f} s")
     try:
         make_plan(model, ParallelConfig(args.tensor_parallel_size, args.pipeline_parallel_size))  # before the reference run
     except ValueError as e:

@@ -18,7 +18,7 @@ import pathlib
 import signal
 import sys
 
-from .common import guarded, positive_int
+from .common import add_quantization, check_quantization, guarded, positive_int
 
 PROG = "python -m nano_engine serve"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="disaggregated prefill (vLLM's JSON): e.g. '{\"kv_role\": \"kv_producer\", "
                          "\"kv_connector_extra_config\": {\"shared_storage_path\": \"/tmp/kv\"}}' on the prefill "
                          "server, kv_consumer on the decode server")
+    add_quantization(ap)
     ap.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice)")
     ap.add_argument("--uvicorn-log-level", default="info",
                     choices=["critical", "error", "warning", "info", "debug", "trace"])
@@ -150,6 +151,7 @@ def run(ap: argparse.ArgumentParser, args) -> int:
         config = engine_config(args)
     except ValueError as e:
         ap.error(str(e))
+    check_quantization(ap, args)
     if args.prepack and not can_prepack(DTYPES[args.dtype]):
         ap.error(f"--prepack has no kernel for --dtype {args.dtype} on this machine ({NEEDS})")
     if args.attention_backend == "c":
@@ -162,6 +164,8 @@ def run(ap: argparse.ArgumentParser, args) -> int:
 
     def make_engine() -> LLMEngine:  # run in the engine thread: it alone runs torch (AsyncLLM)
         model = Transformer.from_pretrained(path, dtype=args.dtype, prepack=args.prepack)
+        if args.quantization:
+            model.quantize(args.quantization)
         return LLMEngine(model, load_tokenizer(path), config)
 
     llm = AsyncLLM(make_engine)

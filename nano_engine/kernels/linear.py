@@ -88,7 +88,9 @@ def _declare_f32(lib: ctypes.CDLL) -> None:
     lib.pack_f32.argtypes = lib.pack_bf16_pairs.argtypes = [P, P, I, I]
     lib.gemm_f32.argtypes = lib.gemm_bf16_dot.argtypes = [P, L, P, P, L, P, I, I, I, I]
     lib.gemm_leaves_f32.argtypes = lib.gemm_leaves_bf16_dot.argtypes = [P, L, P, P, I, P, L, I, I, I]
-    for name in ("pack_f32", "gemm_f32", "pack_bf16_pairs", "gemm_bf16_dot", "gemm_leaves_f32", "gemm_leaves_bf16_dot"):
+    lib.gemm_quant_f32.argtypes = lib.gemm_quant_bf16.argtypes = [P, L, P, P, I, P, L, P, I, I, I]
+    for name in ("pack_f32", "gemm_f32", "pack_bf16_pairs", "gemm_bf16_dot", "gemm_leaves_f32", "gemm_leaves_bf16_dot",
+                 "gemm_quant_f32", "gemm_quant_bf16"):
         getattr(lib, name).restype = None
 
 

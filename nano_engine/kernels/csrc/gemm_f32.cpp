@@ -187,6 +187,108 @@ void leaves_gemm(const X *x, long ldx, const long *offsets, const int *steps, co
 
 
 
+// ----- Weights stored as int8 or int4 (nano_engine/quantization.py), dequantized inside the matmul -----
+//
+// A weight value is fl(q * scale) in float32: q its integer, scale its group's (a group: G columns of
+// one row, counted from the layer's column 0; int8 per channel has one group a row). The product is
+// gemm_f32's: one float32 chain of fused multiply-adds over K per output, from zero, the bias added
+// once; x in float32 (bfloat16 rows widened exactly), the result rounded once to y's type. So a
+// layer gives, to the bit, what gemm_f32 gives on the dequantized weight (quantization.dequantize),
+// and a row's bits do not depend on the batch. Each thread dequantizes the panels it owns once per
+// call into a buffer of its own (pack_f32's layout), then runs gemm_f32's blocks over every row:
+// what is read from memory is the integers, a quarter (int8) or an eighth (int4) of float32's bytes.
+
+struct QuantPack {        // kernels: quantization.py's QuantPack, field for field
+    const uint8_t *q;     // panels of 16 columns: int8 [panel][k][16]; int4 [panel][k / 2][16] bytes, column n's
+                          // values at k (even, low nibble) and k + 1 (high nibble), each as q + 8
+    const float *scales;  // [panel][group][16]: the scale of each column's group, from group k0 / G on
+    int K, group, k0, bits;  // K: the pack's columns; k0: its first column in the layer; bits: 8 or 4
+};
+
+inline int groups_of(const QuantPack &w) { return (w.k0 + w.K - 1) / w.group - w.k0 / w.group + 1; }
+
+// Panels p0 .. p0 + P - 1 of w as floats into out ([p][k][16], pack_f32's layout): fl(q * scale).
+void dequantize(const QuantPack &w, int p0, int P, float *out) {
+    const int K = w.K, G = w.group, g0 = w.k0 / G, groups = groups_of(w);
+    const __m512i low = _mm512_set1_epi32(15), eight = _mm512_set1_epi32(8);
+    for (int p = 0; p < P; p++) {
+        const long panel = p0 + p;
+        float *o = out + p * static_cast<long>(K) * 16;
+        for (int k = 0; k < K;) {
+            const int g = (w.k0 + k) / G - g0, end = (g0 + g + 1) * G - w.k0 < K ? (g0 + g + 1) * G - w.k0 : K;
+            const __m512 scale = _mm512_loadu_ps(w.scales + (panel * groups + g) * 16);
+            if (w.bits == 8) {
+                const int8_t *q = reinterpret_cast<const int8_t *>(w.q) + panel * K * 16;
+                for (; k < end; k++) {
+                    const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(q + k * 16L)));
+                    _mm512_storeu_ps(o + k * 16L, _mm512_mul_ps(_mm512_cvtepi32_ps(v), scale));
+                }
+            } else {
+                const uint8_t *q = w.q + panel * ((K + 1) / 2) * 16;
+                for (; k < end; k++) {
+                    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(q + (k / 2) * 16L)));
+                    if (k % 2) v = _mm512_srli_epi32(v, 4);
+                    v = _mm512_sub_epi32(_mm512_and_si512(v, low), eight);
+                    _mm512_storeu_ps(o + k * 16L, _mm512_mul_ps(_mm512_cvtepi32_ps(v), scale));
+                }
+            }
+        }
+    }
+}
+
+// x (M rows of floats, stride ldx) times the packs (leaf l: x's columns bounds[l] .. bounds[l + 1] - 1;
+// one leaf: the whole product, with the bias), into y. With leaves, each leaf's product is rounded to
+// Y, then the leaves are added in split.py's tree in float32 and rounded once (leaves_gemm's sum).
+template <class Y>
+void quant_gemm(const float *x, long ldx, const QuantPack *const *packs, const int *bounds, int leaves, Y *y, long ldy,
+                const float *bias, int M, int N, int threads) {
+    constexpr long LD = NP * 16, TILE = MR * LD;
+    const int panels = (N + 15) / 16, groups = (panels + NP - 1) / NP;
+    const long width = bounds[leaves] - bounds[0];
+    const bool direct = leaves == 1 && sizeof(Y) == sizeof(float);  // float32, one leaf: the blocks write y
+#pragma omp parallel num_threads(threads)
+    {
+        float *weights = new float[LD * width];  // this thread's group of panels, every leaf, dequantized
+        float *buf = new float[TILE * leaves];
+#pragma omp for schedule(static)
+        for (int g = 0; g < groups; g++) {
+            const int p0 = g * NP, P = panels - p0 < NP ? panels - p0 : NP;
+            const float *w[MAX_LEAVES];
+            long at = 0;
+            for (int l = 0; l < leaves; l++) {
+                float *dst = weights + at * LD;
+                dequantize(*packs[l], p0, P, dst);
+                w[l] = dst;
+                at += packs[l]->K;
+            }
+            for (int m0 = 0; m0 < M; m0 += MR) {
+                const int R = M - m0 < MR ? M - m0 : MR;
+                const F32::Fn fn = pick<F32>(R, P);
+                if (direct) {
+                    fn(x + bounds[0], ldx, w[0], reinterpret_cast<float *>(y) + m0 * ldy + 16 * p0, ldy, bias, m0, p0, N,
+                       packs[0]->K);
+                    continue;
+                }
+                for (int l = 0; l < leaves; l++)
+                    fn(x + bounds[l], ldx, w[l], buf + l * TILE, LD, leaves == 1 ? bias : nullptr, m0, p0, N, packs[l]->K);
+                for (int r = 0; r < R; r++)
+                    for (int p = 0; p < P; p++) {
+                        const int n0 = 16 * (p0 + p), cols = N - n0 < 16 ? N - n0 : 16;
+                        const __mmask16 mask = cols >= 16 ? 0xffff : static_cast<__mmask16>((1u << cols) - 1);
+                        __m512 v[MAX_LEAVES];
+                        for (int l = 0; l < leaves; l++) {
+                            v[l] = _mm512_loadu_ps(buf + l * TILE + r * LD + 16 * p);
+                            if (leaves > 1 && sizeof(Y) != sizeof(float)) v[l] = simd::round_bf16({v[l]}).v;  // as Y
+                        }
+                        store16(y + (m0 + r) * ldy + n0, mask, tree_sum(v, 0, leaves));
+                    }
+            }
+        }
+        delete[] weights;
+        delete[] buf;
+    }
+}
+
 }  // namespace
 
 extern "C" int f32_available() { return 1; }
@@ -232,6 +334,13 @@ extern "C" void gemm_leaves_f32(const float *x, long ldx, const void *const *pac
     int steps[MAX_LEAVES];
     for (int l = 0; l < leaves; l++) offsets[l] = bounds[l], steps[l] = bounds[l + 1] - bounds[l];
     leaves_gemm<F32, float, float>(x, ldx, offsets, steps, packs, leaves, y, ldy, M, N, threads);
+}
+
+// Weights stored as int8 or int4 (quant_gemm): packs[l] is leaf l's QuantPack (one leaf: the whole
+// weight, and bounds {0, K}); x (M, bounds[leaves]) float32; y (M, N) float32; bias: N floats or null.
+extern "C" void gemm_quant_f32(const float *x, long ldx, const void *const *packs, const int *bounds, int leaves,
+                               float *y, long ldy, const float *bias, int M, int N, int threads) {
+    quant_gemm(x, ldx, reinterpret_cast<const QuantPack *const *>(packs), bounds, leaves, y, ldy, bias, M, N, threads);
 }
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -305,12 +414,28 @@ extern "C" void gemm_leaves_bf16_dot(const uint16_t *x, long ldx, const void *co
     delete[] xp;  // null when read in place
 }
 
+// gemm_quant_f32 for bfloat16 x and y: the rows widened to float32 (exactly), the result rounded once.
+extern "C" void gemm_quant_bf16(const uint16_t *x, long ldx, const void *const *packs, const int *bounds, int leaves,
+                                uint16_t *y, long ldy, const float *bias, int M, int N, int threads) {
+    const long width = bounds[leaves];
+    float *xf = new float[static_cast<long>(M) * width];
+    for (long m = 0; m < M; m++)
+        for (long k = 0; k < width; k++) {
+            const uint32_t bits = static_cast<uint32_t>(x[m * ldx + k]) << 16;
+            std::memcpy(xf + m * width + k, &bits, 4);
+        }
+    quant_gemm(xf, width, reinterpret_cast<const QuantPack *const *>(packs), bounds, leaves, y, ldy, bias, M, N,
+               threads);
+    delete[] xf;
+}
 #else
 extern "C" void pack_bf16_pairs(const uint16_t *, uint16_t *, int, int) {}
 extern "C" void gemm_bf16_dot(const uint16_t *, long, const uint16_t *, uint16_t *, long, const float *, int, int, int,
                               int) {}
 extern "C" void gemm_leaves_bf16_dot(const uint16_t *, long, const void *const *, const int *, int, uint16_t *, long, int,
                                      int, int) {}
+extern "C" void gemm_quant_bf16(const uint16_t *, long, const void *const *, const int *, int, uint16_t *, long,
+                                const float *, int, int, int) {}
 #endif
 
 #else  // no AVX-512 on this CPU: kernels/linear.py never calls these
@@ -326,5 +451,9 @@ extern "C" void gemm_bf16_dot(const uint16_t *, long, const uint16_t *, uint16_t
 extern "C" void gemm_leaves_f32(const float *, long, const void *const *, const int *, int, float *, long, int, int, int) {}
 extern "C" void gemm_leaves_bf16_dot(const uint16_t *, long, const void *const *, const int *, int, uint16_t *, long, int,
                                      int, int) {}
+extern "C" void gemm_quant_f32(const float *, long, const void *const *, const int *, int, float *, long, const float *,
+                               int, int, int) {}
+extern "C" void gemm_quant_bf16(const uint16_t *, long, const void *const *, const int *, int, uint16_t *, long,
+                                const float *, int, int, int) {}
 
 #endif
