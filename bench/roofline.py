@@ -22,6 +22,7 @@ import torch
 from nano_engine import Transformer
 from nano_engine.kernels.linear import PackedLeaves
 from nano_engine.mini_llm import linear
+from nano_engine.quantization import QuantizedWeight
 
 POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
@@ -52,12 +53,13 @@ def leaf_products(layer) -> list[_Product]:
     """A row-parallel layer's products (mini_llm.Linear.leaves: one per KV head), on the weights and
     kernels the model's own call reads; their tree sum is an addition, not a matmul, and stays out
     of the floor. A layer without leaves: its one product."""
-    if layer.leaves is None:
+    if layer.leaves is None or isinstance(layer.packed, QuantizedWeight):  # (quantized: its parts in one call)
         return [_Product(layer.weight, None, layer.packed)]
     ranges = list(zip(layer.leaves, layer.leaves[1:]))
-    if isinstance(layer.packed, PackedLeaves) and layer.packed.matches(layer.weight):
-        return [_Product(layer.weight[:, a:b], None, p) for (a, b), p in zip(ranges, layer.packed.packs)]
-    return [_Product(w, None, None) for w in layer._leaf_weights()]
+    packs = layer._leaf_packs()  # the packs or copies the model's own call reads
+    if isinstance(packs, PackedLeaves):
+        return [_Product(layer.weight[:, a:b], None, p) for (a, b), p in zip(ranges, packs.packs)]
+    return [_Product(w, None, None) for w in packs]
 
 
 def layer_linears(model: Transformer) -> list[_Product]:

@@ -100,3 +100,19 @@ def test_the_matmul_floor_runs_the_kernels_the_model_runs(fused, monkeypatch):
     block = model.model.layers[0]
     leaves = sum(len(m.leaves) - 1 if m.leaves else 1 for m in (block.self_attn.o_proj, block.mlp.down_proj))
     assert len(calls) == ((2 if fused else 5) + leaves) * model.config.num_hidden_layers and all(calls)
+
+
+@pytest.mark.parametrize("weights", ["plain", "int8"])
+def test_the_matmul_floor_runs_on_a_plain_and_a_quantized_model(weights):
+    """On the plain path o_proj and down_proj take a product per KV head (their parts, as the model
+    runs them); quantized, one product each (its parts and their sum are one kernel call)."""
+    import roofline
+
+    model = tiny_model(seed=4, dtype=torch.float32)
+    if weights != "plain":
+        model.quantize(weights)
+    products = roofline.layer_linears(model)
+    kv = model.config.num_key_value_heads
+    per_layer = 5 + (2 * kv if weights == "plain" else 2)
+    assert len(products) == per_layer * model.config.num_hidden_layers
+    roofline.FloorReplay(model, [(3, 0), (1, 1)], "floor").run()
