@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from . import checks
 from .kernels import build
-from .kernels.linear import PackedWeight, f32_library
+from .kernels.linear import PackedWeight, bf16_dot_library, f32_library
 from .parallel.split import Tree
 
 METHODS = ("int8", "int4")  # --quantization
@@ -99,9 +99,21 @@ def dequantize(qt: QuantizedTensor) -> torch.Tensor:
     return int_values(qt).float() * scales
 
 
+def kernel_library(dtype: torch.dtype) -> ctypes.CDLL | None:
+    """The library whose gemm_quant_* runs activations of this dtype here: AVX-512 for float32, and
+    AVX512_BF16 with it for bfloat16 (where the kernels are built); None: PyTorch's product runs."""
+    if dtype == torch.float32:
+        return f32_library()
+    return bf16_dot_library() if dtype == torch.bfloat16 else None
+
+
 class _Pack(ctypes.Structure):  # csrc/gemm_f32.cpp's QuantPack
     _fields_ = [("q", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("K", ctypes.c_int), ("group", ctypes.c_int),
                 ("k0", ctypes.c_int), ("bits", ctypes.c_int)]
+
+
+class _Layer(ctypes.Structure):  # csrc/gemm_f32.cpp's QuantLayer: what the one-call decoder passes as `packed`
+    _fields_ = [("leaves", ctypes.c_int), ("packs", ctypes.c_void_p), ("bounds", ctypes.c_void_p)]
 
 
 class QuantizedWeight:
@@ -152,23 +164,35 @@ class QuantizedWeight:
             raise ValueError(f"x of shape {tuple(x.shape)}; this weight takes (rows, {self.k})")
         if bias is not None and len(self.leaves) > 2:
             raise ValueError("a row-parallel layer with a bias is not supported")
-        if not self.fast or x.dtype not in (torch.float32, torch.bfloat16):
+        if not self.fast or kernel_library(x.dtype) is None:
             return self._reference(x, bias)
         x = x if x.stride(1) == 1 else x.contiguous()
         y = torch.empty(x.shape[0], self.n, dtype=x.dtype)
         if x.shape[0] == 0:
             return y
-        packs = [_Pack(q.data_ptr(), s.data_ptr(), b - a, self.qt.group_size, a, BITS[self.kind])
-                 for (q, s, a), b in zip(self.packs, self.leaves[1:])]
-        addresses = (ctypes.c_void_p * len(packs))(*(ctypes.addressof(p) for p in packs))
-        bounds = (ctypes.c_int * len(self.leaves))(*self.leaves)
+        addresses, bounds, _ = self.c_packs()
         b = None if bias is None else bias.detach().float().contiguous()
         name = "f32" if x.dtype == torch.float32 else "bf16"
         with build.profiled(f"nano_engine::gemm_quant_{name}"):
-            getattr(f32_library(), f"gemm_quant_{name}")(
-                x.data_ptr(), x.stride(0), addresses, bounds, len(packs), y.data_ptr(), self.n,
+            getattr(kernel_library(x.dtype), f"gemm_quant_{name}")(
+                x.data_ptr(), x.stride(0), addresses, bounds, len(self.packs), y.data_ptr(), self.n,
                 None if b is None else b.data_ptr(), x.shape[0], self.n, torch.get_num_threads())
         return y
+
+    def c_packs(self):
+        """The parts as gemm_quant_* take them: an array of QuantPack addresses and the bounds, and the
+        QuantPacks they point to. Made when asked (a copy of the model keeps no pointers into this one):
+        hold all three while the kernel may read them."""
+        packs = [_Pack(q.data_ptr(), s.data_ptr(), b - a, self.qt.group_size, a, BITS[self.kind])
+                 for (q, s, a), b in zip(self.packs, self.leaves[1:])]
+        addresses = (ctypes.c_void_p * len(packs))(*(ctypes.addressof(p) for p in packs))
+        return addresses, (ctypes.c_int * len(self.leaves))(*self.leaves), packs
+
+    def c_layer(self):
+        """The QuantLayer the one-call decoder passes for this weight (kernels/decoder.py), and what it
+        points to (hold both)."""
+        addresses, bounds, packs = self.c_packs()
+        return _Layer(len(packs), ctypes.addressof(addresses), ctypes.addressof(bounds)), [addresses, bounds, packs]
 
     def _reference(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The same function in PyTorch (other bits: PyTorch's sums), where the kernel cannot run."""

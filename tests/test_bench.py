@@ -116,3 +116,18 @@ def test_the_matmul_floor_runs_on_a_plain_and_a_quantized_model(weights):
     per_layer = 5 + (2 * kv if weights == "plain" else 2)
     assert len(products) == per_layer * model.config.num_hidden_layers
     roofline.FloorReplay(model, [(3, 0), (1, 1)], "floor").run()
+
+
+def test_the_quantization_benchmark_counts_the_bytes_a_step_reads_and_scores_a_local_text():
+    import quantization as bench_quant
+
+    text = bench_quant.local_text()
+    assert len(text) > 100_000 and text == bench_quant.local_text()  # Python's own topics: fixed, no download
+    plain = tiny_model(seed=6, dtype=torch.float32, intermediate_size=256)
+    int8 = tiny_model(seed=6, dtype=torch.float32, intermediate_size=256).quantize("int8")
+    head = plain.lm_head.weight.numel() * 4
+    assert bench_quant.weight_bytes(plain) == sum(w.numel() * 4 for _, _, w in plain.linear_sites())
+    assert bench_quant.weight_bytes(int8) - head < (bench_quant.weight_bytes(plain) - head) / 4 * 1.1
+    ids = [i % 64 for i in range(700)]  # two windows
+    assert 1.0 < bench_quant.perplexity(int8, ids) < float("inf")
+    assert bench_quant.decode_ms(int8, [1, 2, 3], 4) > 0

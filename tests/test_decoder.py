@@ -76,6 +76,20 @@ def test_one_call_gives_every_bit_of_the_layer_by_layer_path(dtype, embedded, mo
         assert all(torch.equal(a, b) for a, b in zip(fast_cache, slow_cache))
 
 
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_call_on_quantized_weights_gives_every_bit_of_the_layer_by_layer_path(dtype, method, monkeypatch):
+    """Quantized weights (quantization.py) in the one call: the q/k/v bias (Qwen2), a norm on each q
+    and k head (Qwen3), o_proj and down_proj in parts; where the CPU has no kernel of ours, no plan."""
+    models = [biased_model(dtype).quantize(method), tiny_model(seed=5, dtype=dtype, qk_norm=True).fuse().quantize(method)]
+    for model in models:
+        fast, fast_cache = two_steps(model)
+        assert isinstance(model._decoder, decoder.Plan) == (dtype in OURS)  # it ran, where it can
+        slow, slow_cache = layer_by_layer(model, monkeypatch)
+        assert torch.equal(fast, slow)
+        assert all(torch.equal(a, b) for a, b in zip(fast_cache, slow_cache))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_weight_changed_in_place_is_read_at_the_next_step(dtype, monkeypatch):
     if dtype not in OURS:  # no plan here (the first test checks it)

@@ -9,15 +9,19 @@ import pytest
 import torch
 
 from nano_engine import LLMEngine, SamplingParams, Transformer, generate
-from nano_engine.kernels.linear import PackedLeaves, PackedWeight, f32_library
+from nano_engine.kernels.linear import PackedLeaves, PackedWeight
 from nano_engine.lab.experiments import identity_check
 from nano_engine.models.loading import chat_prompt_ids, load_tokenizer
 from nano_engine.parallel.split import Tree, bounds
-from nano_engine.quantization import QuantizedWeight, dequantize, int_values, pack_int4, quantize, unpack_int4
+from nano_engine.quantization import (QuantizedWeight, dequantize, int_values, kernel_library, pack_int4, quantize,
+                                      unpack_int4)
 from nano_engine.serving.launcher import ServerProcess
 from nano_engine.tiny import tiny_model
 
-KERNEL = f32_library() is not None  # AVX-512: csrc/gemm_f32.cpp's gemm_quant_*; else F.linear on the dequantized weight
+
+
+def kernel(dtype) -> bool:  # csrc/gemm_f32.cpp's gemm_quant_* runs here; else F.linear on the dequantized weight
+    return kernel_library(dtype) is not None
 
 
 def test_int8_has_a_scale_per_row_that_takes_its_largest_magnitude_to_127():
@@ -81,7 +85,7 @@ def test_the_quantized_product_is_the_chain_over_the_dequantized_weight_at_every
     qw = QuantizedWeight(qt, w, leaves)
     x = torch.randn(13, k, generator=gen).to(dtype)
     got = qw.gemm(x)
-    if KERNEL:
+    if kernel(dtype):
         assert torch.equal(got, by_chain(x, dequantize(qt), leaves))
     else:
         assert torch.allclose(got.float(), x.float() @ dequantize(qt).T, rtol=2e-2, atol=1e-2)
@@ -116,7 +120,7 @@ def test_a_float32_model_quantized_computes_what_its_dequantized_weights_give():
     ids = torch.tensor([3, 4, 5, 6, 7])
     with torch.inference_mode():
         logits = model.compute_logits(model(ids, torch.arange(5)))
-        if KERNEL:
+        if kernel(torch.float32):
             same.prepack()
             assert torch.equal(logits, same.compute_logits(same(ids, torch.arange(5))))
     assert generate(model, [3, 4, 5], 8) == generate(same.unpack(), [3, 4, 5], 8)

@@ -79,9 +79,21 @@ GEMMS = {"f32": (_linear.f32_library, "gemm_f32", "gemm_leaves_f32"),
          "amx": (_linear.amx_library, "gemm_bf16", None)}
 
 
+# quantization.QuantizedWeight's kinds: gemm_f32.cpp's gemm_quant_layer_<dtype> (the packed argument a
+# QuantLayer) and gemm_leaves_quant_<dtype> (a row-parallel layer's parts, each a QuantPack).
+QUANTIZED = ("int8", "int4")
+
+
+def _quantized(pack) -> bool:
+    return getattr(pack, "kind", None) in QUANTIZED
+
+
 def _kernels(dtype: torch.dtype, kind: str) -> Kernels:
     name = {torch.float32: "f32", torch.bfloat16: "bf16"}[dtype]
-    library_of, function, leaves_function = GEMMS[kind]
+    if kind in QUANTIZED:  # (make_plan checked that the library runs the dtype)
+        library_of, function, leaves_function = _linear.f32_library, f"gemm_quant_layer_{name}", f"gemm_leaves_quant_{name}"
+    else:
+        library_of, function, leaves_function = GEMMS[kind]
     gemm = getattr(library_of(), function)
     gemm_leaves = _address(getattr(library_of(), leaves_function)) if leaves_function else None
     f, a = fused.library(), attention_kernel.library()
@@ -119,6 +131,8 @@ MAX_LEAVES = 64  # decoder.cpp's
 
 
 def _leaves(pack) -> int:
+    if _quantized(pack):
+        return len(pack.leaves) - 1
     return len(pack.packs) if isinstance(pack, _linear.PackedLeaves) else 1
 
 
@@ -126,9 +140,29 @@ def _padded(pack) -> bool:  # K padded to AMX's slices of 32: the C code passes 
     return pack.padded if isinstance(pack, _linear.PackedLeaves) else getattr(pack, "kp", pack.k) != pack.k
 
 
+def _product(pack, held: list) -> int:
+    """What the decoder's gemm takes for a weight of one part: the packed tensor's address, or a
+    quantized weight's QuantLayer (held, with what it points to, as long as the plan)."""
+    if _quantized(pack):
+        layer, keep = pack.c_layer()
+        held += [layer, keep]
+        return ctypes.addressof(layer)
+    held.append(pack.tensor)
+    return pack.tensor.data_ptr()
+
+
 def _leaf_array(pack):
     """The packed tensors' addresses of a row-parallel layer, leaf by leaf (one for a plain weight);
-    the PackedWeights stay held by the model, whose watched weights make a stale plan."""
+    the PackedWeights stay held by the model, whose watched weights make a stale plan. Quantized:
+    the parts' QuantPacks (for gemm_leaves), or one QuantLayer (one part, for gemm)."""
+    if _quantized(pack):
+        if len(pack.leaves) > 2:
+            addresses, bounds, packs = pack.c_packs()
+            addresses.keep = (bounds, packs)
+            return addresses
+        array = (P * 1)(_product(pack, keep := []))
+        array.keep = keep
+        return array
     tensors = [p.tensor for p in pack.packs] if isinstance(pack, _linear.PackedLeaves) else [pack.tensor]
     array = (P * len(tensors))(*(t.data_ptr() for t in tensors))
     array.tensors = tensors  # hold them as long as the array
@@ -157,12 +191,16 @@ def make_plan(model) -> Plan | None:
         if not all(getattr(mod, "fused", False) for mod in (a, m, block.input_layernorm, block.post_attention_layernorm)):
             return None
         kinds |= {p.kind for p in packs}
-        if not kinds <= GEMMS.keys():  # weights no gemm here takes (quantized ones): layer by layer
+        if not kinds <= GEMMS.keys() | set(QUANTIZED):  # a weight no gemm here takes: layer by layer
+            return None
+        quantized_library = _linear.f32_library() if dtype == torch.float32 else _linear.bf16_dot_library()
+        if kinds & set(QUANTIZED) and quantized_library is None:  # quantization.kernel_library's rule
             return None
         eps |= {block.input_layernorm.eps, block.post_attention_layernorm.eps}
         bias = None
         if a.qkv_bias is not None:
-            bias = a.qkv_bias.detach().contiguous() if dtype == torch.float32 else None
+            if dtype == torch.float32 or _quantized(packs[0]):  # (quantized: a float32 bias in both dtypes)
+                bias = a.qkv_bias.detach().float().contiguous()
             address = bias.data_ptr() if bias is not None else packs[0]._bias_f32(a.qkv_bias)
             held.append(bias if bias is not None else packs[0]._bias[2])
             watched.append(a.qkv_bias)
@@ -173,10 +211,10 @@ def make_plan(model) -> Plan | None:
         if not all(w.is_contiguous() for w in norms + head_norms):
             return None
         leaf_packs = [_leaf_array(packs[1]), _leaf_array(packs[3])]  # the packed weight of each leaf
-        held += norms + head_norms + [packs[0].tensor, packs[2].tensor] + leaf_packs
+        held += norms + head_norms + leaf_packs
         watched += norms + head_norms + [a.qkv_weight, a.o_proj.weight, m.gate_up_weight, m.down_proj.weight]
-        layers.append(Layer(*(t.data_ptr() for t in norms), packs[0].tensor.data_ptr(), ctypes.addressof(leaf_packs[0]),
-                            packs[2].tensor.data_ptr(), ctypes.addressof(leaf_packs[1]),
+        layers.append(Layer(*(t.data_ptr() for t in norms), _product(packs[0], held), ctypes.addressof(leaf_packs[0]),
+                            _product(packs[2], held), ctypes.addressof(leaf_packs[1]),
                             address if a.qkv_bias is not None else None,
                             *(t.data_ptr() for t in head_norms)))
     final = model.model.norm.weight

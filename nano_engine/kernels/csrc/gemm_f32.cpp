@@ -236,6 +236,72 @@ void dequantize(const QuantPack &w, int p0, int P, float *out) {
     }
 }
 
+// What `block` computes on dequantize's output, with the weights dequantized in registers as the
+// chain goes (a batch of at most MR rows: decode, where the buffer's round trip would cost more than
+// the weights' bytes): the same fl(q * scale) values in the same chains, so the same bits.
+template <int R, int P>
+void block_q(const float *x, long ldx, const QuantPack &w, float *y, long ldy, const float *bias, int m0, int p0, int N) {
+    const int K = w.K, G = w.group, g0 = w.k0 / G, groups = groups_of(w);
+    const __m512i low = _mm512_set1_epi32(15), eight = _mm512_set1_epi32(8);
+    __m512 acc[R][P];
+    for (int r = 0; r < R; r++)
+        for (int p = 0; p < P; p++) acc[r][p] = _mm512_setzero_ps();
+    const float *a = x + m0 * ldx;
+    for (int k = 0; k < K;) {
+        const int g = (w.k0 + k) / G - g0, end = (g0 + g + 1) * G - w.k0 < K ? (g0 + g + 1) * G - w.k0 : K;
+        __m512 scale[P];
+        for (int p = 0; p < P; p++) scale[p] = _mm512_loadu_ps(w.scales + ((static_cast<long>(p0) + p) * groups + g) * 16);
+        for (; k < end; k++) {
+            __m512 wv[P];
+            for (int p = 0; p < P; p++) {
+                __m512i v;
+                if (w.bits == 8) {
+                    const int8_t *q = reinterpret_cast<const int8_t *>(w.q) + ((static_cast<long>(p0) + p) * K + k) * 16;
+                    v = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(q)));
+                } else {
+                    const uint8_t *q = w.q + ((static_cast<long>(p0) + p) * ((K + 1) / 2) + k / 2) * 16;
+                    v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(q)));
+                    if (k % 2) v = _mm512_srli_epi32(v, 4);
+                    v = _mm512_sub_epi32(_mm512_and_si512(v, low), eight);
+                }
+                wv[p] = _mm512_mul_ps(_mm512_cvtepi32_ps(v), scale[p]);
+            }
+            for (int r = 0; r < R; r++) {
+                const __m512 xv = _mm512_set1_ps(a[r * ldx + k]);
+                for (int p = 0; p < P; p++) acc[r][p] = _mm512_fmadd_ps(xv, wv[p], acc[r][p]);
+            }
+        }
+    }
+    for (int p = 0; p < P; p++) {
+        const int n0 = 16 * (p0 + p), cols = N - n0 < 16 ? N - n0 : 16;
+        const __mmask16 mask = cols >= 16 ? 0xffff : static_cast<__mmask16>((1u << cols) - 1);
+        const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + r * ldy + 16 * p, mask, bias ? _mm512_add_ps(acc[r][p], b) : acc[r][p]);
+    }
+}
+
+using BlockQ = void (*)(const float *, long, const QuantPack &, float *, long, const float *, int, int, int);
+
+template <int R> BlockQ pick_q_panels(int P) {
+    switch (P) {
+    case 1: return block_q<R, 1>;
+    case 2: return block_q<R, 2>;
+    case 3: return block_q<R, 3>;
+    default: return block_q<R, 4>;
+    }
+}
+
+BlockQ pick_q(int R, int P) {
+    switch (R) {
+    case 1: return pick_q_panels<1>(P);
+    case 2: return pick_q_panels<2>(P);
+    case 3: return pick_q_panels<3>(P);
+    case 4: return pick_q_panels<4>(P);
+    case 5: return pick_q_panels<5>(P);
+    default: return pick_q_panels<6>(P);
+    }
+}
+
 // x (M rows of floats, stride ldx) times the packs (leaf l: x's columns bounds[l] .. bounds[l + 1] - 1;
 // one leaf: the whole product, with the bias), into y. With leaves, each leaf's product is rounded to
 // Y, then the leaves are added in split.py's tree in float32 and rounded once (leaves_gemm's sum).
@@ -246,16 +312,17 @@ void quant_gemm(const float *x, long ldx, const QuantPack *const *packs, const i
     const int panels = (N + 15) / 16, groups = (panels + NP - 1) / NP;
     const long width = bounds[leaves] - bounds[0];
     const bool direct = leaves == 1 && sizeof(Y) == sizeof(float);  // float32, one leaf: the blocks write y
+    const bool small = M <= MR;  // one register block of rows: dequantized in registers (block_q)
 #pragma omp parallel num_threads(threads)
     {
-        float *weights = new float[LD * width];  // this thread's group of panels, every leaf, dequantized
+        float *weights = small ? nullptr : new float[LD * width];  // this thread's panels, every leaf, dequantized
         float *buf = new float[TILE * leaves];
 #pragma omp for schedule(static)
         for (int g = 0; g < groups; g++) {
             const int p0 = g * NP, P = panels - p0 < NP ? panels - p0 : NP;
             const float *w[MAX_LEAVES];
             long at = 0;
-            for (int l = 0; l < leaves; l++) {
+            for (int l = 0; l < leaves && !small; l++) {
                 float *dst = weights + at * LD;
                 dequantize(*packs[l], p0, P, dst);
                 w[l] = dst;
@@ -264,13 +331,18 @@ void quant_gemm(const float *x, long ldx, const QuantPack *const *packs, const i
             for (int m0 = 0; m0 < M; m0 += MR) {
                 const int R = M - m0 < MR ? M - m0 : MR;
                 const F32::Fn fn = pick<F32>(R, P);
+                const BlockQ fq = pick_q(R, P);
+                auto run = [&](int l, float *out, long ld, const float *b) {
+                    if (small)
+                        fq(x + bounds[l], ldx, *packs[l], out, ld, b, m0, p0, N);
+                    else
+                        fn(x + bounds[l], ldx, w[l], out, ld, b, m0, p0, N, packs[l]->K);
+                };
                 if (direct) {
-                    fn(x + bounds[0], ldx, w[0], reinterpret_cast<float *>(y) + m0 * ldy + 16 * p0, ldy, bias, m0, p0, N,
-                       packs[0]->K);
+                    run(0, reinterpret_cast<float *>(y) + m0 * ldy + 16 * p0, ldy, bias);
                     continue;
                 }
-                for (int l = 0; l < leaves; l++)
-                    fn(x + bounds[l], ldx, w[l], buf + l * TILE, LD, leaves == 1 ? bias : nullptr, m0, p0, N, packs[l]->K);
+                for (int l = 0; l < leaves; l++) run(l, buf + l * TILE, LD, leaves == 1 ? bias : nullptr);
                 for (int r = 0; r < R; r++)
                     for (int p = 0; p < P; p++) {
                         const int n0 = 16 * (p0 + p), cols = N - n0 < 16 ? N - n0 : 16;
@@ -341,6 +413,26 @@ extern "C" void gemm_leaves_f32(const float *x, long ldx, const void *const *pac
 extern "C" void gemm_quant_f32(const float *x, long ldx, const void *const *packs, const int *bounds, int leaves,
                                float *y, long ldy, const float *bias, int M, int N, int threads) {
     quant_gemm(x, ldx, reinterpret_cast<const QuantPack *const *>(packs), bounds, leaves, y, ldy, bias, M, N, threads);
+}
+
+// The same for the one-call decoder (csrc/decoder.cpp), in the signatures of its gemm and gemm_leaves:
+// `packed` is a QuantLayer (a layer's packs and bounds; kernels/decoder.py makes them), and a
+// row-parallel layer's parts come as the packs themselves.
+struct QuantLayer {
+    int leaves;
+    const void *const *packs;
+    const int *bounds;
+};
+
+extern "C" void gemm_quant_layer_f32(const float *x, long ldx, const void *packed, float *y, long ldy,
+                                     const float *bias, int M, int N, int, int threads) {
+    const QuantLayer &q = *static_cast<const QuantLayer *>(packed);
+    gemm_quant_f32(x, ldx, q.packs, q.bounds, q.leaves, y, ldy, bias, M, N, threads);
+}
+
+extern "C" void gemm_leaves_quant_f32(const float *x, long ldx, const void *const *packs, const int *bounds, int leaves,
+                                      float *y, long ldy, int M, int N, int threads) {
+    gemm_quant_f32(x, ldx, packs, bounds, leaves, y, ldy, nullptr, M, N, threads);
 }
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -428,6 +520,17 @@ extern "C" void gemm_quant_bf16(const uint16_t *x, long ldx, const void *const *
                threads);
     delete[] xf;
 }
+
+extern "C" void gemm_quant_layer_bf16(const uint16_t *x, long ldx, const void *packed, uint16_t *y, long ldy,
+                                      const float *bias, int M, int N, int, int threads) {
+    const QuantLayer &q = *static_cast<const QuantLayer *>(packed);
+    gemm_quant_bf16(x, ldx, q.packs, q.bounds, q.leaves, y, ldy, bias, M, N, threads);
+}
+
+extern "C" void gemm_leaves_quant_bf16(const uint16_t *x, long ldx, const void *const *packs, const int *bounds,
+                                       int leaves, uint16_t *y, long ldy, int M, int N, int threads) {
+    gemm_quant_bf16(x, ldx, packs, bounds, leaves, y, ldy, nullptr, M, N, threads);
+}
 #else
 extern "C" void pack_bf16_pairs(const uint16_t *, uint16_t *, int, int) {}
 extern "C" void gemm_bf16_dot(const uint16_t *, long, const uint16_t *, uint16_t *, long, const float *, int, int, int,
@@ -436,6 +539,10 @@ extern "C" void gemm_leaves_bf16_dot(const uint16_t *, long, const void *const *
                                      int, int) {}
 extern "C" void gemm_quant_bf16(const uint16_t *, long, const void *const *, const int *, int, uint16_t *, long,
                                 const float *, int, int, int) {}
+extern "C" void gemm_quant_layer_bf16(const uint16_t *, long, const void *, uint16_t *, long, const float *, int, int,
+                                      int, int) {}
+extern "C" void gemm_leaves_quant_bf16(const uint16_t *, long, const void *const *, const int *, int, uint16_t *, long,
+                                       int, int, int) {}
 #endif
 
 #else  // no AVX-512 on this CPU: kernels/linear.py never calls these
@@ -455,5 +562,12 @@ extern "C" void gemm_quant_f32(const float *, long, const void *const *, const i
                                int, int, int) {}
 extern "C" void gemm_quant_bf16(const uint16_t *, long, const void *const *, const int *, int, uint16_t *, long,
                                 const float *, int, int, int) {}
+extern "C" void gemm_quant_layer_f32(const float *, long, const void *, float *, long, const float *, int, int, int, int) {}
+extern "C" void gemm_leaves_quant_f32(const float *, long, const void *const *, const int *, int, float *, long, int, int,
+                                      int) {}
+extern "C" void gemm_quant_layer_bf16(const uint16_t *, long, const void *, uint16_t *, long, const float *, int, int,
+                                      int, int) {}
+extern "C" void gemm_leaves_quant_bf16(const uint16_t *, long, const void *const *, const int *, int, uint16_t *, long,
+                                       int, int, int) {}
 
 #endif
