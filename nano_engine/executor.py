@@ -57,6 +57,10 @@ class ParallelConfig:
 
 def make_plan(model: Transformer, config: ParallelConfig) -> TensorPlan | PipelinePlan:
     """The plan for this model at these sizes; refused, naming the numbers, where it cannot run."""
+    if config.world_size > 1 and model.quantization is not None:
+        raise ValueError(f"a model with {model.quantization} weights runs on one process (tensor_parallel_size="
+                         f"{config.tensor_parallel_size}, pipeline_parallel_size={config.pipeline_parallel_size}): "
+                         f"the ranks would get its float weights, not its integers")
     if config.pipeline_parallel_size > 1:
         return PipelinePlan(model.config, check_stages(model.config, config.pipeline_parallel_size),
                             model.config.tie_word_embeddings)

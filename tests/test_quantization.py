@@ -2,6 +2,7 @@
 stored format, the kernel's bits against the dequantized weights, and the engine's tokens against
 generate on the same quantized model."""
 
+import multiprocessing
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
@@ -176,3 +177,31 @@ def test_serve_with_quantization_answers_the_openai_client_with_generates_tokens
             plain = list(pool.map(ask, texts))
             streamed = list(pool.map(lambda t: ask(t, stream=True), texts))
     assert plain == want and streamed == want
+
+
+def test_a_quantized_model_on_several_processes_is_refused_before_any_starts():
+    model = tiny_model(seed=7, dtype=torch.float32).quantize("int8")
+    for sizes in ({"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2}):
+        with pytest.raises(ValueError, match="int8 weights runs on one process"):
+            LLMEngine(model, **sizes)
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("nano_engine-rank")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_without_the_kernel_pytorchs_product_runs_and_the_engine_still_equals_generate(dtype, monkeypatch):
+    """A CPU without AVX-512 (an AVX2-only EPYC): F.linear on the dequantized weights, the leaves
+    each rounded and summed in the tree, as the kernel would; the tokens stay generate's."""
+    import nano_engine.quantization as quantization
+
+    monkeypatch.setattr(quantization, "kernel_library", lambda dtype: None)
+    model = tiny_model(seed=8, dtype=dtype, eos_token_id=63).quantize("int4")
+    layer = model.model.layers[0].mlp.down_proj
+    x = torch.randn(5, layer.in_features).to(dtype)
+    w = dequantize(layer.packed.qt)
+    parts = [torch.nn.functional.linear(x[:, a:b].float(), w[:, a:b]).to(dtype)
+             for a, b in zip(layer.leaves, layer.leaves[1:])]
+    with torch.inference_mode():
+        assert torch.equal(layer(x), Tree(0, len(parts)).sum({(i, i + 1): p.float() for i, p in enumerate(parts)}).to(dtype))
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12]]
+    out = LLMEngine(model, max_num_batched_tokens=4).generate(prompts, SamplingParams(max_tokens=8))
+    assert [r.output_ids for r in out] == [generate(model, p, 8) for p in prompts]
