@@ -31,6 +31,24 @@ namespace {
 constexpr int MR = 6;  // rows per register block
 constexpr int NP = 4;  // panels (of 16 columns) per register block
 
+// The columns of panel n0 / 16 that exist (N - n0 of them, up to 16).
+inline __mmask16 panel_mask(int N, int n0) {
+    const int cols = N - n0 < 16 ? N - n0 : 16;
+    return cols >= 16 ? 0xffff : static_cast<__mmask16>((1u << cols) - 1);
+}
+
+// A register block's float32 results, the bias (if any) added once, into y (see block).
+template <int R, int P>
+inline void store_block(const __m512 (&acc)[R][P], float *y, long ldy, const float *bias, int p0, int N) {
+    for (int p = 0; p < P; p++) {
+        const int n0 = 16 * (p0 + p);
+        const __mmask16 mask = panel_mask(N, n0);
+        const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
+        for (int r = 0; r < R; r++)
+            _mm512_mask_storeu_ps(y + r * ldy + 16 * p, mask, bias ? _mm512_add_ps(acc[r][p], b) : acc[r][p]);
+    }
+}
+
 // Rows m0 .. m0 + R - 1 x panels p0 .. p0 + P - 1: R x P chains of K fused multiply-adds each, from
 // w, which points at panel p0 (panels K x 16 apart), into y, which points at the block's first output
 // (row m0, column 16 p0), rows ldy apart.
@@ -49,15 +67,7 @@ void block(const float *x, long ldx, const float *w, float *y, long ldy, const f
             for (int p = 0; p < P; p++) acc[r][p] = _mm512_fmadd_ps(xv, wv[p], acc[r][p]);
         }
     }
-    for (int p = 0; p < P; p++) {
-        const int n0 = 16 * (p0 + p), cols = N - n0 < 16 ? N - n0 : 16;
-        const __mmask16 mask = cols >= 16 ? 0xffff : static_cast<__mmask16>((1u << cols) - 1);
-        const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
-        for (int r = 0; r < R; r++) {
-            const __m512 v = bias ? _mm512_add_ps(acc[r][p], b) : acc[r][p];
-            _mm512_mask_storeu_ps(y + r * ldy + 16 * p, mask, v);
-        }
-    }
+    store_block(acc, y, ldy, bias, p0, N);
 }
 
 // Which block<R, P> to run for R rows and P panels (one dispatch for both kernels' blocks).
@@ -108,8 +118,8 @@ void block_bf16(const uint32_t *x, long ldx, const uint16_t *w, uint16_t *y, lon
         }
     }
     for (int p = 0; p < P; p++) {
-        const int n0 = 16 * (p0 + p), cols = N - n0 < 16 ? N - n0 : 16;
-        const __mmask16 mask = cols >= 16 ? 0xffff : static_cast<__mmask16>((1u << cols) - 1);
+        const int n0 = 16 * (p0 + p);
+        const __mmask16 mask = panel_mask(N, n0);
         const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
         for (int r = 0; r < R; r++) {
             const __m512 v = bias ? _mm512_add_ps(acc[r][p], b) : acc[r][p];
@@ -173,8 +183,8 @@ void leaves_gemm(const X *x, long ldx, const long *offsets, const int *steps, co
                        buf + l * TILE, LD, nullptr, m0, p0, N, steps[l]);
                 for (int r = 0; r < R; r++)
                     for (int p = 0; p < P; p++) {
-                        const int n0 = 16 * (p0 + p), cols = N - n0 < 16 ? N - n0 : 16;
-                        const __mmask16 mask = cols >= 16 ? 0xffff : static_cast<__mmask16>((1u << cols) - 1);
+                        const int n0 = 16 * (p0 + p);
+                        const __mmask16 mask = panel_mask(N, n0);
                         __m512 v[MAX_LEAVES];
                         for (int l = 0; l < leaves; l++) v[l] = widen16(buf + l * TILE + r * LD + 16 * p);
                         store16(y + (m0 + r) * ldy + n0, mask, tree_sum(v, 0, leaves));
@@ -272,12 +282,7 @@ void block_q(const float *x, long ldx, const QuantPack &w, float *y, long ldy, c
             }
         }
     }
-    for (int p = 0; p < P; p++) {
-        const int n0 = 16 * (p0 + p), cols = N - n0 < 16 ? N - n0 : 16;
-        const __mmask16 mask = cols >= 16 ? 0xffff : static_cast<__mmask16>((1u << cols) - 1);
-        const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
-        for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + r * ldy + 16 * p, mask, bias ? _mm512_add_ps(acc[r][p], b) : acc[r][p]);
-    }
+    store_block(acc, y, ldy, bias, p0, N);
 }
 
 using BlockQ = void (*)(const float *, long, const QuantPack &, float *, long, const float *, int, int, int);
@@ -345,8 +350,8 @@ void quant_gemm(const float *x, long ldx, const QuantPack *const *packs, const i
                 for (int l = 0; l < leaves; l++) run(l, buf + l * TILE, LD, leaves == 1 ? bias : nullptr);
                 for (int r = 0; r < R; r++)
                     for (int p = 0; p < P; p++) {
-                        const int n0 = 16 * (p0 + p), cols = N - n0 < 16 ? N - n0 : 16;
-                        const __mmask16 mask = cols >= 16 ? 0xffff : static_cast<__mmask16>((1u << cols) - 1);
+                        const int n0 = 16 * (p0 + p);
+                        const __mmask16 mask = panel_mask(N, n0);
                         __m512 v[MAX_LEAVES];
                         for (int l = 0; l < leaves; l++) {
                             v[l] = _mm512_loadu_ps(buf + l * TILE + r * LD + 16 * p);
