@@ -199,8 +199,7 @@ class QuantizedWeight:
     def _reference(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The same function in PyTorch (other bits: PyTorch's sums), where the kernel cannot run."""
         w, work = dequantize(self.qt), torch.promote_types(x.dtype, torch.float32)
+        if len(self.leaves) == 2:
+            return F.linear(x.to(work), w.to(work), None if bias is None else bias.to(work)).to(x.dtype)
         parts = [F.linear(x[:, a:b].to(work), w[:, a:b].to(work)).to(x.dtype) for a, b in zip(self.leaves, self.leaves[1:])]
-        if len(parts) == 1:
-            y = parts[0] if bias is None else (F.linear(x.to(work), w.to(work), bias.to(work))).to(x.dtype)
-            return y
         return Tree(0, len(parts)).sum({(i, i + 1): p.to(work) for i, p in enumerate(parts)}).to(x.dtype)

@@ -164,6 +164,24 @@ inline void store16(uint16_t *y, __mmask16 mask, __m512 v) {  // rounded to near
 }
 #endif
 
+// A register block's parts (part l at buf + l * tile, rows ld apart), each rounded to Y first if
+// `round_parts` (a float32 buffer of parts whose own calls would have rounded them), added in the
+// tree and rounded once into y (rows m0 .. m0 + R - 1, panels p0 .. p0 + P - 1).
+template <class B, class Y>
+void store_tree(const B *buf, long tile, long ld, int leaves, bool round_parts, int R, int P, int m0, int p0, int N,
+                Y *y, long ldy) {
+    for (int r = 0; r < R; r++)
+        for (int p = 0; p < P; p++) {
+            const int n0 = 16 * (p0 + p);
+            __m512 v[MAX_LEAVES];
+            for (int l = 0; l < leaves; l++) {
+                v[l] = widen16(buf + l * tile + r * ld + 16 * p);
+                if (round_parts) v[l] = simd::round_bf16({v[l]}).v;
+            }
+            store16(y + (m0 + r) * ldy + n0, panel_mask(N, n0), tree_sum(v, 0, leaves));
+        }
+}
+
 template <class Kernel, class X, class W, class Y>
 void leaves_gemm(const X *x, long ldx, const long *offsets, const int *steps, const void *const *packs, int leaves,
                  Y *y, long ldy, int M, int N, int threads) {
@@ -181,14 +199,7 @@ void leaves_gemm(const X *x, long ldx, const long *offsets, const int *steps, co
                 for (int l = 0; l < leaves; l++)
                     fn(x + offsets[l], ldx, static_cast<const W *>(packs[l]) + static_cast<long>(p0) * steps[l] * Kernel::PANEL,
                        buf + l * TILE, LD, nullptr, m0, p0, N, steps[l]);
-                for (int r = 0; r < R; r++)
-                    for (int p = 0; p < P; p++) {
-                        const int n0 = 16 * (p0 + p);
-                        const __mmask16 mask = panel_mask(N, n0);
-                        __m512 v[MAX_LEAVES];
-                        for (int l = 0; l < leaves; l++) v[l] = widen16(buf + l * TILE + r * LD + 16 * p);
-                        store16(y + (m0 + r) * ldy + n0, mask, tree_sum(v, 0, leaves));
-                    }
+                store_tree(buf, TILE, LD, leaves, false, R, P, m0, p0, N, y, ldy);  // the blocks rounded the parts
             }
         }
         delete[] buf;
@@ -348,17 +359,7 @@ void quant_gemm(const float *x, long ldx, const QuantPack *const *packs, const i
                     continue;
                 }
                 for (int l = 0; l < leaves; l++) run(l, buf + l * TILE, LD, leaves == 1 ? bias : nullptr);
-                for (int r = 0; r < R; r++)
-                    for (int p = 0; p < P; p++) {
-                        const int n0 = 16 * (p0 + p);
-                        const __mmask16 mask = panel_mask(N, n0);
-                        __m512 v[MAX_LEAVES];
-                        for (int l = 0; l < leaves; l++) {
-                            v[l] = _mm512_loadu_ps(buf + l * TILE + r * LD + 16 * p);
-                            if (leaves > 1 && sizeof(Y) != sizeof(float)) v[l] = simd::round_bf16({v[l]}).v;  // as Y
-                        }
-                        store16(y + (m0 + r) * ldy + n0, mask, tree_sum(v, 0, leaves));
-                    }
+                store_tree(buf, TILE, LD, leaves, leaves > 1 && sizeof(Y) != sizeof(float), R, P, m0, p0, N, y, ldy);
             }
         }
         delete[] weights;
