@@ -33,7 +33,7 @@ import torch.nn.functional as F  # noqa: E402
 from nano_engine import LLMEngine, SamplingParams, Transformer, generate  # noqa: E402
 from nano_engine.kernels.linear import can_prepack  # noqa: E402
 from nano_engine.models.loading import chat_prompt_ids, load_tokenizer  # noqa: E402
-from nano_engine.quantization import QuantizedWeight  # noqa: E402
+from roofline import weight_bytes  # noqa: E402  (bench/, the script's folder)
 
 WINDOW = 512
 
@@ -56,19 +56,6 @@ def perplexity(model: Transformer, ids: list[int]) -> float:
         nll += F.cross_entropy(logits, window[1:], reduction="sum").item()
         count += len(window) - 1
     return math.exp(nll / count)
-
-
-def weight_bytes(model: Transformer) -> int:
-    """What a batch-1 decode step reads of the matmul weights: the integers and scales of a
-    quantized layer, the dtype's bytes of any other (the LM head)."""
-    total = 0
-    for owner, attr, weight in model.linear_sites():
-        packed = getattr(owner, attr, None)
-        if isinstance(packed, QuantizedWeight) and packed.matches(weight):
-            total += packed.nbytes
-        else:
-            total += weight.numel() * weight.element_size()
-    return total
 
 
 def decode_ms(model: Transformer, prompt: list[int], tokens: int) -> float:

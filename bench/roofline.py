@@ -135,10 +135,21 @@ def measure(model: Transformer, points=POINTS, reps: int = 5) -> Roofline:
     big = torch.ones(256 * 2**20, dtype=torch.float32)  # 1 GiB
     bandwidth = big.numel() * 4 / median_time(lambda: big.sum(), reps)
     linear_params = sum(lin.weight.numel() for lin in linears)
-    head_params = head.weight.numel()
-    elem = torch.finfo(dt).bits // 8
     return Roofline(str(dt).removeprefix("torch."), torch.get_num_threads(), linear_s, lm_head_s,
-                    linear_params, head_params, (linear_params + head_params) * elem, bandwidth)
+                    linear_params, head.weight.numel(), weight_bytes(model), bandwidth)
+
+
+def weight_bytes(model: Transformer) -> int:
+    """What a batch-1 decode step reads of the matmul weights: the integers and scales of a
+    quantized layer, the dtype's bytes of any other (the LM head included)."""
+    total = 0
+    for owner, attr, weight in model.linear_sites():
+        packed = getattr(owner, attr, None)
+        if isinstance(packed, QuantizedWeight) and packed.matches(weight):
+            total += packed.nbytes
+        else:
+            total += weight.numel() * weight.element_size()
+    return total
 
 
 class PseudoSystem:

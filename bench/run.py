@@ -3,6 +3,7 @@
     .venv/bin/python bench/run.py             # W1, W2, W3: about 20 minutes on 2 cores (+5 once: references)
     .venv/bin/python bench/run.py --quick     # W1 and W2[:16]: about 4 minutes
     .venv/bin/python bench/run.py --help      # workloads, systems, repetitions, threads, json
+    .venv/bin/python bench/run.py --prepack --quantization int8,int4   # + rows on quantized weights
 
 Every system gets one untimed warm-up run, then the systems take turns (the order rotates each
 round) so that a noisy neighbour slows them all alike; the tables give medians, and ratios of
@@ -53,10 +54,20 @@ from nano_engine import mini_llm  # noqa: E402
 from nano_engine.kernels.linear import can_prepack  # noqa: E402
 from nano_engine.kernels.linear import ONEDNN_FP32, float32_path  # noqa: E402
 from nano_engine.kernels.paged_attention import resolve_backend  # noqa: E402
+from nano_engine.quantization import METHODS as QUANTIZATION_METHODS  # noqa: E402
 
 import roofline  # noqa: E402
 import systems as S  # noqa: E402
 from workloads import WORKLOADS, Workload  # noqa: E402
+
+def quantization_list(text: str) -> list[str]:
+    """--quantization: a comma list of methods, each checked by name."""
+    methods = [m for m in text.split(",") if m]
+    bad = [m for m in methods if m not in QUANTIZATION_METHODS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown quantization {bad[0]!r}: choose from {', '.join(QUANTIZATION_METHODS)}")
+    return methods
+
 
 CACHE = Path(os.environ.get("NANO_ENGINE_CACHE") or "~/.cache/nano_engine").expanduser() / "bench"
 
@@ -73,16 +84,18 @@ def cpu_name() -> str:
 
 def reference(model: Transformer, w: Workload, fresh: bool, attention_backend: str) -> list[list[int]]:
     """Each request alone through mini_llm.generate. Cached per request, in a file per machine,
-    torch version, dtype and every source that can change a bit (the model, attention, sampling,
-    the kernels), so that later runs and subsets reuse it."""
+    torch version, dtype, weight format (packed, quantized) and every source that can change a bit
+    (the model, attention, sampling, quantization, the kernels), so that later runs and subsets reuse it."""
     package = Path(mini_llm.__file__).parent
     sources = sorted([package / "mini_llm.py", package / "attention.py", package / "sampling.py",
+                      package / "quantization.py",
                       *(package / "kernels").rglob("*.py"), *(package / "kernels").rglob("*.cpp"),
                       *(package / "kernels").rglob("*.h")])
     code = hashlib.sha256(b"".join(f.read_bytes() for f in sources)).hexdigest()
     env = json.dumps([str(model.dtype), torch.__version__, ONEDNN_FP32, cpu_name(), torch.get_num_threads(),
                       code, getattr(model, "name_or_path", ""), attention_backend]
-                     + (["prepacked"] if model.prepacked else []))
+                     + (["prepacked"] if model.prepacked else [])
+                     + ([f"quantization={model.quantization}"] if model.quantization else []))
     path = CACHE / f"reference-{hashlib.sha256(env.encode()).hexdigest()[:16]}.json"
     known = json.loads(path.read_text()) if path.is_file() and not fresh else {}
     keys = [hashlib.sha256(json.dumps([list(r.prompt_ids), r.max_tokens, r.ignore_eos]).encode()).hexdigest()
@@ -93,7 +106,8 @@ def reference(model: Transformer, w: Workload, fresh: bool, attention_backend: s
         for k, r in missing:
             known[k] = generate(model, r.prompt_ids, r.max_tokens, None if r.ignore_eos else S.EOS,
                                 attention_backend)
-        print(f"  reference for {len(missing)} requests of {w.name} in {model.dtype}: "
+        weights = f", {model.quantization} weights" if model.quantization else ""
+        print(f"  reference for {len(missing)} requests of {w.name} in {model.dtype}{weights}: "
               f"{time.perf_counter() - t:.0f} s (cached for next time)")
         CACHE.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(known))
@@ -113,9 +127,10 @@ def model_flops(roof: roofline.Roofline, model, w: Workload, steps, outputs) -> 
 
 def make_systems(names, dtypes, models, threads, workload: Workload, skipped: set[str],
                  vllm: dict | None = None, attention_backend: str = "torch"):
-    """The systems of one workload: nano_engine in each dtype, then the peers named. `vllm` keeps
-    the vLLM workers (one per dtype) from one workload to the next: each takes minutes to start."""
-    out = [S.NanoEngine(dt, models[dt], attention_backend) for dt in dtypes]
+    """The systems of one workload: nano_engine on each of `models` (a dtype, or a dtype on
+    quantized weights: "float32 int8"), then the peers named. `vllm` keeps the vLLM workers (one
+    per dtype) from one workload to the next: each takes minutes to start."""
+    out = [S.NanoEngine(variant.split()[0], model, attention_backend) for variant, model in models.items()]
     vllm = {} if vllm is None else vllm
     for name in names:
         if name.startswith("hf"):
@@ -143,9 +158,11 @@ def make_systems(names, dtypes, models, threads, workload: Workload, skipped: se
 
 
 def reference_of(system, refs: dict):
-    """The generate reference a system's outputs are compared with: that of its own dtype where
-    nano_engine runs it (nano_engine, vLLM), else float32's (transformers, llama.cpp's Q4_1)."""
-    return refs.get(system.dtype, refs.get("float32"))
+    """The generate reference a system's outputs are compared with: nano_engine's is generate on
+    its own weights (quantized ones included); a peer's is that of its dtype where nano_engine runs
+    it unquantized (vLLM), else float32's (transformers, llama.cpp's Q4_1). A peer never runs our
+    quantized weights, so its agreement is with the unquantized model's tokens."""
+    return refs.get(getattr(system, "variant", system.dtype), refs.get("float32"))
 
 
 class Bench:
@@ -199,7 +216,7 @@ class Bench:
         syss = make_systems(peers, dtypes, models, threads, w, skipped, self.vllm, self.args.attention_backend)
         for s in syss:
             self.setup(s)
-        refs = {dt: reference(models[dt], w, args.fresh_reference, args.attention_backend) for dt in dtypes}
+        refs = {v: reference(m, w, args.fresh_reference, args.attention_backend) for v, m in models.items()}
         # Untimed warm-up: nano_engine always (its first run also gives the steps the floor
         # replays), the peers on the first workload (kernels, allocators, caches).
         floors, peaks = [], []
@@ -207,15 +224,17 @@ class Bench:
             if isinstance(s, S.NanoEngine) or warm_peers:
                 s.prepare(w), s.run(w), s.finish()
             if isinstance(s, S.NanoEngine):
-                floors.append(roofline.FloorReplay(models[s.dtype], replay_steps(s.last_engine),
-                                                   f"matmul floor of the {s.dtype} steps"))
+                floors.append(roofline.FloorReplay(s.model, replay_steps(s.last_engine),
+                                                   f"matmul floor of the {s.variant} steps"))
                 # The peak for MFU, timed in turn too: 512-row products, the most efficient we have.
-                peaks.append(roofline.FloorReplay(models[s.dtype], [(512, 0)] * 3, f"matmul peak {s.dtype}"))
+                peaks.append(roofline.FloorReplay(s.model, [(512, 0)] * 3, f"matmul peak {s.variant}"))
         big = w.prompt_tokens + w.max_new_tokens > 4000  # W2 and W3: 2 rounds at most
         reps = min(self.reps, 2) if big else self.reps
         marks = {s.name: len(s.worker_seconds) for s in syss if isinstance(s, S.VLLMOffline)}
         runs, outs, engines = self.timed(w, syss + floors + peaks, reps, args.budget)
-        nano = {s.dtype: statistics.median(runs[s.name]) for s in syss if isinstance(s, S.NanoEngine)}
+        # The ratio columns: against nano_engine in each dtype on its own (unquantized) weights.
+        nano = {s.dtype: statistics.median(runs[s.name]) for s in syss
+                if isinstance(s, S.NanoEngine) and s.variant == s.dtype}
         rows, data, failed = [], {}, False
         for s in syss:
             med = statistics.median(runs[s.name])
@@ -224,7 +243,7 @@ class Bench:
             same = sum(a == b for a, b in zip(outs[s.name], ref)) if ref is not None else None
             if isinstance(s, S.NanoEngine) and same != len(w.requests):
                 failed = True
-            ratios = ["-" if isinstance(s, S.NanoEngine) and s.dtype == dt else f"{med / nano[dt]:.2f}x"
+            ratios = ["-" if getattr(s, "variant", None) == dt else f"{med / nano[dt]:.2f}x"
                       for dt in nano]
             rows.append([s.name, len(runs[s.name]), f"{med:.2f}", f"{gen / med:.1f}",
                          f"{(w.prompt_tokens + gen) / med:.0f}", *ratios, f"{same}/{len(w.requests)}"])
@@ -239,9 +258,9 @@ class Bench:
         for s, fl, pk in zip([s for s in syss if isinstance(s, S.NanoEngine)], floors, peaks):
             eng_s, floor_s = statistics.median(runs[s.name]), statistics.median(runs[fl.name])
             tokens = sum(t for t, _ in fl.steps)
-            roof = self.roofs[s.dtype]
+            roof = self.roofs[s.variant]
             peak = roof.matmul_flops(512, 0) * len(pk.steps) / statistics.median(runs[pk.name])
-            flops = model_flops(roof, models[s.dtype], w, fl.steps, outs[s.name])
+            flops = model_flops(roof, s.model, w, fl.steps, outs[s.name])
             data[s.name].update(steps=len(fl.steps), tokens=tokens, floor_s=floor_s, floor_fraction=floor_s / eng_s,
                                 floor_tok_s=tokens / floor_s, peak_gflops=peak / 1e9, mfu=flops / eng_s / peak)
             print(f"{s.name}: {len(fl.steps)} steps, {tokens} tokens computed in {eng_s:.2f} s "
@@ -261,16 +280,16 @@ class Bench:
                 s.close()
         return data, failed
 
-    def batch1(self, dtypes) -> dict:
+    def batch1(self) -> dict:
         """One request decoding 64 tokens, in turn with the matmul floor and a read of the weights."""
         print("\n## Decode at batch 1 (one request, 64 tokens after its prompt)")
         req = WORKLOADS["W1"]().requests[0]
         w = Workload("one request", "", (S.Req(req.prompt_ids, 64, True),))
         out = {}
-        for dt in dtypes:
-            nano = S.NanoEngine(dt, self.models[dt], self.args.attention_backend)
+        for dt, model in self.models.items():  # dt: a dtype, or a dtype on quantized weights
+            nano = S.NanoEngine(dt.split()[0], model, self.args.attention_backend)
             nano.run(w)
-            floor = roofline.FloorReplay(self.models[dt], replay_steps(nano.last_engine), "floor")
+            floor = roofline.FloorReplay(model, replay_steps(nano.last_engine), "floor")
             floor.steps = [st for st in floor.steps if st[0] == 1]
             read = roofline.WeightRead(self.roofs[dt].weight_bytes, len(floor.steps))
             runs, _, engines = self.timed(w, [nano, floor, read], self.reps, 1e9)
@@ -365,6 +384,10 @@ def main(argv=None) -> int:
                     help="nano_engine's attention: c, the kernel that reads the paged blocks in place "
                          "(nano_engine/kernels/paged_attention.py), or torch, the chapters' PyTorch code; "
                          "auto (default): c where it builds, else torch")
+    ap.add_argument("--quantization", "-q", type=quantization_list, default=[], metavar="METHODS",
+                    help="rows for nano_engine on weight-only quantized weights too, in each dtype: a comma "
+                         f"list of {', '.join(QUANTIZATION_METHODS)} (Transformer.quantize; its reference is "
+                         "generate on the same weights; the peers keep theirs)")
     ap.add_argument("--json", type=Path, help="write all figures to this file")
     args = ap.parse_args(argv)
     args.attention_backend = resolve_backend(args.attention_backend, torch.float32)  # both dtypes alike
@@ -377,12 +400,19 @@ def main(argv=None) -> int:
 
     models = {dt: Transformer.from_pretrained(dtype=getattr(torch, dt), prepack=args.prepack and can_prepack(getattr(torch, dt)))
               for dt in dtypes}
+    for method in args.quantization:  # the same weights, quantized (its layers always read the integers)
+        models.update({f"{dt} {method}": Transformer.from_pretrained(dtype=dt).quantize(method) for dt in dtypes})
     print(f"# nano_engine benchmark\n{cpu_name()}, {os.cpu_count()} cores, {threads} threads, torch "
           f"{torch.__version__}, float32 matmuls via {float32_path(args.prepack)}, "
           f"attention {args.attention_backend}{' (the C++ kernel)' if args.attention_backend == 'c' else ''}, "
           f"load average {os.getloadavg()[0]:.1f} at start")
+    if args.quantization:
+        print(f"quantized rows ({', '.join(args.quantization)}): nano_engine on Transformer.quantize's weights, checked "
+              "against generate on the same weights; the peers run the unquantized model (vLLM CPU 0.32 has no "
+              "weight-only quantization of dense layers: its int8_per_channel_weight_only is for MoE experts)")
     res = dict(cpu=cpu_name(), threads=threads, torch=torch.__version__, load_start=os.getloadavg()[0],
-               prepack=args.prepack, attention_backend=args.attention_backend, workloads={}, roofline={})
+               prepack=args.prepack, attention_backend=args.attention_backend, quantization=args.quantization,
+               workloads={}, roofline={})
     bench = Bench(args, models)
     bench.reps = 2 if args.quick else args.reps
 
@@ -418,7 +448,7 @@ def main(argv=None) -> int:
     finally:
         bench.close()  # the vLLM workers, whatever happened
     res["vllm"] = {dt: s.info for dt, s in bench.vllm.items()}
-    res["batch1"] = bench.batch1(dtypes)
+    res["batch1"] = bench.batch1()
 
     print("\n## Targets")
     res["targets"] = targets(res)

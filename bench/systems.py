@@ -78,7 +78,9 @@ class System:
 class NanoEngine(System):
     def __init__(self, dtype: str = "float32", model: Transformer | None = None, attention_backend: str = "torch"):
         self.dtype, self.model, self.attention_backend = dtype, model, attention_backend
-        self.name = f"nano_engine {dtype}"
+        # "float32", or "float32 int8" on quantized weights: the key of its reference and roofline too
+        self.variant = dtype if model is None or model.quantization is None else f"{dtype} {model.quantization}"
+        self.name = f"nano_engine {self.variant}"
         self.last_engine: LLMEngine | None = None
         self._ready: tuple[Workload, LLMEngine] | None = None  # built by prepare(), used by run()
 

@@ -20,6 +20,7 @@ import workloads  # noqa: E402
 from systems import Req, truncate  # noqa: E402
 
 from nano_engine import LLMEngine, SamplingParams, mini_llm  # noqa: E402
+from nano_engine.kernels.linear import can_prepack  # noqa: E402
 from nano_engine.tiny import tiny_model  # noqa: E402
 
 
@@ -120,14 +121,44 @@ def test_the_matmul_floor_runs_on_a_plain_and_a_quantized_model(weights):
 
 def test_the_quantization_benchmark_counts_the_bytes_a_step_reads_and_scores_a_local_text():
     import quantization as bench_quant
+    import roofline
 
     text = bench_quant.local_text()
     assert len(text) > 100_000 and text == bench_quant.local_text()  # Python's own topics: fixed, no download
     plain = tiny_model(seed=6, dtype=torch.float32, intermediate_size=256)
     int8 = tiny_model(seed=6, dtype=torch.float32, intermediate_size=256).quantize("int8")
     head = plain.lm_head.weight.numel() * 4
-    assert bench_quant.weight_bytes(plain) == sum(w.numel() * 4 for _, _, w in plain.linear_sites())
-    assert bench_quant.weight_bytes(int8) - head < (bench_quant.weight_bytes(plain) - head) / 4 * 1.1
+    assert roofline.weight_bytes(plain) == sum(w.numel() * 4 for _, _, w in plain.linear_sites())
+    assert roofline.weight_bytes(int8) - head < (roofline.weight_bytes(plain) - head) / 4 * 1.1
     ids = [i % 64 for i in range(700)]  # two windows
     assert 1.0 < bench_quant.perplexity(int8, ids) < float("inf")
     assert bench_quant.decode_ms(int8, [1, 2, 3], 4) > 0
+
+
+def test_quantized_rows_are_checked_against_generate_on_their_own_weights(tmp_path, monkeypatch):
+    """bench/run.py --quantization: a row on quantized weights gets generate's tokens on those
+    weights as its reference (cached apart from the unquantized model's), while a peer keeps the
+    unquantized reference of its dtype."""
+    monkeypatch.setattr(bench_run, "CACHE", tmp_path)
+    w = workloads.Workload("t", "", (Req((3, 5, 7, 9), 12, True), Req((4, 4, 8), 12, True)))
+    plain = tiny_model(seed=11, dtype=torch.float32)
+    quant = tiny_model(seed=11, dtype=torch.float32).quantize("int4")
+    if quant.prepacked and can_prepack(torch.float32):  # so that only the quantization tells them apart
+        plain.prepack()
+    assert plain.prepacked == quant.prepacked
+    expect = [mini_llm.generate(quant, list(r.prompt_ids), r.max_tokens, None, "torch") for r in w.requests]
+    plain_ref = bench_run.reference(plain, w, False, "torch")  # cached first: must not be taken for the other
+    assert plain_ref != expect  # the weights differ enough for the check below to mean something
+    assert bench_run.reference(quant, w, False, "torch") == expect
+    models = {"float32": plain, "float32 int4": quant}
+    systems = bench_run.make_systems([], ["float32"], models, 1, w, set())
+    assert [s.name for s in systems] == ["nano_engine float32", "nano_engine float32 int4"]
+    refs = {"float32": plain_ref, "float32 int4": expect}
+    assert bench_run.reference_of(systems[1], refs) == expect
+    assert bench_run.reference_of(type("Peer", (), {"dtype": "float32"})(), refs) == plain_ref
+
+
+def test_an_unknown_quantization_is_refused_by_name():
+    assert bench_run.quantization_list("int8,int4") == ["int8", "int4"]
+    with pytest.raises(Exception, match="fp3"):
+        bench_run.quantization_list("int8,fp3")
