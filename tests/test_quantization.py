@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from nano_engine import LLMEngine, SamplingParams, Transformer, generate
-from nano_engine.kernels.linear import PackedLeaves, PackedWeight
+from nano_engine.kernels import linear as linear_kernels
+from nano_engine.kernels.linear import PackedLeaves, PackedWeight, packed_kind
 from nano_engine.lab.experiments import identity_check
 from nano_engine.models.loading import chat_prompt_ids, load_tokenizer
 from nano_engine.parallel.split import Tree, bounds
@@ -61,14 +62,13 @@ def test_int4_packing_round_trips_every_value_and_an_odd_width():
 
 
 def by_chain(x: torch.Tensor, w: torch.Tensor, leaves) -> torch.Tensor:
-    """What the quantized product must be, from the float32 dequantized weight w: gemm_f32's chain
-    (PackedWeight) on x widened, each leaf rounded to x's dtype, the leaves' tree sum rounded once."""
-    xf = x.float()
-    if leaves is None:
-        return PackedWeight(w).gemm(xf, None).to(x.dtype)
-    packs = PackedLeaves(w, leaves).packs
-    parts = [p.gemm(xf[:, a:b].contiguous(), None).to(x.dtype) for p, a, b in zip(packs, leaves, leaves[1:])]
-    return Tree(0, len(parts)).sum({(i, i + 1): p.float() for i, p in enumerate(parts)}).to(x.dtype)
+    """What the quantized product must be, from the float32 dequantized weight w: the packed
+    product of x's dtype (PackedWeight, PackedLeaves: gemm_f32.cpp's, AMX's tiles set aside where the
+    CPU has them) on w as a model of that dtype stores it."""
+    w = w.to(x.dtype)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(linear_kernels, "amx_library", lambda: None)
+        return PackedWeight(w).gemm(x, None) if leaves is None else PackedLeaves(w, leaves).gemm(x)
 
 
 @pytest.mark.parametrize("method,group", [("int8", 128), ("int4", 128), ("int4", 7)])
@@ -76,8 +76,9 @@ def by_chain(x: torch.Tensor, w: torch.Tensor, leaves) -> torch.Tensor:
 @pytest.mark.parametrize("n,k,num_leaves", [(40, 300, 1), (33, 101, 3), (17, 576, 3)])
 def test_the_quantized_product_is_the_chain_over_the_dequantized_weight_at_every_row_count(method, group, dtype, n, k,
                                                                                           num_leaves):
-    """Where the kernel runs, its bits are gemm_f32's over fl(q * scale), to the bit (odd widths,
-    groups that straddle leaves, an odd int4 leaf); elsewhere PyTorch's product of the same weight.
+    """Where the kernel runs, its bits are the dtype's packed product over fl(q * scale) as that dtype
+    stores it, to the bit (odd widths, groups that straddle leaves, an odd int4 leaf, an odd group
+    that straddles a pair of columns); elsewhere PyTorch's product of the same weight.
     Either way a row gets the same bits alone as in any batch."""
     gen = torch.Generator().manual_seed(n + k)
     w = torch.randn(n, k, generator=gen)
@@ -112,19 +113,23 @@ def test_the_engine_on_a_quantized_model_gives_generates_tokens(method, dtype):
     assert any(r.preemptions for r in result.rows)
 
 
-def test_a_float32_model_quantized_computes_what_its_dequantized_weights_give():
-    """In float32 the dequantized weights are exact, so the quantized model is the prepacked model
-    on them, to the bit (where the kernel runs), and generates the same tokens on the plain path."""
-    model = tiny_model(seed=4, dtype=torch.float32).quantize("int4")
-    same = tiny_model(seed=4, dtype=torch.float32)
-    same.load_state_dict(model.state_dict())  # the dequantized weights, as floats
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_quantized_model_computes_what_its_dequantized_weights_give(dtype):
+    """The quantized model is the prepacked model on the weights it stores (fl(q * scale) in the
+    dtype), to the bit, where the kernels run; in float32 it also generates the plain path's tokens
+    on them (exact weights; the plain bfloat16 path rounds otherwise than the packed kernels)."""
+    model = tiny_model(seed=4, dtype=dtype).quantize("int4")
+    same = tiny_model(seed=4, dtype=dtype)
+    same.load_state_dict(model.state_dict())  # the dequantized weights, in the dtype
     ids = torch.tensor([3, 4, 5, 6, 7])
     with torch.inference_mode():
         logits = model.compute_logits(model(ids, torch.arange(5)))
-        if kernel(torch.float32):
+        if kernel(dtype) and packed_kind(dtype) in ("f32", "bf16_dot"):  # (not AMX's tiles: other sums)
             same.prepack()
+            assert same.prepacked and not same.quantization
             assert torch.equal(logits, same.compute_logits(same(ids, torch.arange(5))))
-    assert generate(model, [3, 4, 5], 8) == generate(same.unpack(), [3, 4, 5], 8)
+    if dtype == torch.float32:
+        assert generate(model, [3, 4, 5], 8) == generate(same.unpack(), [3, 4, 5], 8)
 
 
 def test_quantized_weights_read_a_quarter_and_an_eighth_of_float32s_bytes():
@@ -162,7 +167,8 @@ def test_serve_with_quantization_answers_the_openai_client_with_generates_tokens
     model = Transformer.from_pretrained(dtype="bfloat16").quantize("int4")
     tokenizer = load_tokenizer(None)
     texts = ("Name three colours.", "What is the capital of France?")
-    want = [tokenizer.decode(generate(model, chat_prompt_ids(tokenizer, t), 16, eos_token_id=model.config.eos_token_id),
+    # (the server's attention is its default, "auto": generate runs the same)
+    want = [tokenizer.decode(generate(model, chat_prompt_ids(tokenizer, t), 16, model.config.eos_token_id, "auto"),
                              skip_special_tokens=True) for t in texts]
     with ServerProcess("--quantization", "int4", "--dtype", "bfloat16", "--served-model-name", "smol-int4") as server:
         client = openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=300)

@@ -20,6 +20,7 @@
 // ones are, and bf16_dot_available() says 0.
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "simd.h"
 
@@ -98,6 +99,21 @@ struct F32 {
 };
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+// store_block's bfloat16 twin: each result, the bias added, rounded to nearest even.
+template <int R, int P>
+inline void store_block_bf16(const __m512 (&acc)[R][P], uint16_t *y, long ldy, const float *bias, int p0, int N) {
+    for (int p = 0; p < P; p++) {
+        const int n0 = 16 * (p0 + p);
+        const __mmask16 mask = panel_mask(N, n0);
+        const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) {
+            const __m512 v = bias ? _mm512_add_ps(acc[r][p], b) : acc[r][p];
+            const __m512i h = _mm512_srli_epi32(_mm512_castps_si512(simd::round_bf16({v}).v), 16);  // ties to even
+            _mm256_mask_storeu_epi16(y + r * ldy + 16 * p, mask, _mm512_cvtepi32_epi16(h));
+        }
+    }
+}
+
 // The bfloat16 twin of `block`: one vdpbf16ps per pair of K steps. x holds the rows as pairs
 // (x[k], x[k + 1]) in 32-bit words, broadcast to every lane; the instruction adds x[k + 1] W[k + 1],
 // then x[k] W[k] (each product exact in float32, each sum rounded to nearest even, denormals
@@ -117,16 +133,7 @@ void block_bf16(const uint32_t *x, long ldx, const uint16_t *w, uint16_t *y, lon
             for (int p = 0; p < P; p++) acc[r][p] = _mm512_dpbf16_ps(acc[r][p], xv, wv[p]);
         }
     }
-    for (int p = 0; p < P; p++) {
-        const int n0 = 16 * (p0 + p);
-        const __mmask16 mask = panel_mask(N, n0);
-        const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
-        for (int r = 0; r < R; r++) {
-            const __m512 v = bias ? _mm512_add_ps(acc[r][p], b) : acc[r][p];
-            const __m512i h = _mm512_srli_epi32(_mm512_castps_si512(simd::round_bf16({v}).v), 16);  // ties to even
-            _mm256_mask_storeu_epi16(y + r * ldy + 16 * p, mask, _mm512_cvtepi32_epi16(h));
-        }
-    }
+    store_block_bf16(acc, y, ldy, bias, p0, N);
 }
 
 struct Bf16 {
@@ -164,20 +171,16 @@ inline void store16(uint16_t *y, __mmask16 mask, __m512 v) {  // rounded to near
 }
 #endif
 
-// A register block's parts (part l at buf + l * tile, rows ld apart), each rounded to Y first if
-// `round_parts` (a float32 buffer of parts whose own calls would have rounded them), added in the
-// tree and rounded once into y (rows m0 .. m0 + R - 1, panels p0 .. p0 + P - 1).
+// A register block's parts (part l at buf + l * tile, rows ld apart, each as its own call would
+// have rounded it), added in the tree in float32 and rounded once into y (rows m0 .. m0 + R - 1,
+// panels p0 .. p0 + P - 1).
 template <class B, class Y>
-void store_tree(const B *buf, long tile, long ld, int leaves, bool round_parts, int R, int P, int m0, int p0, int N,
-                Y *y, long ldy) {
+void store_tree(const B *buf, long tile, long ld, int leaves, int R, int P, int m0, int p0, int N, Y *y, long ldy) {
     for (int r = 0; r < R; r++)
         for (int p = 0; p < P; p++) {
             const int n0 = 16 * (p0 + p);
             __m512 v[MAX_LEAVES];
-            for (int l = 0; l < leaves; l++) {
-                v[l] = widen16(buf + l * tile + r * ld + 16 * p);
-                if (round_parts) v[l] = simd::round_bf16({v[l]}).v;
-            }
+            for (int l = 0; l < leaves; l++) v[l] = widen16(buf + l * tile + r * ld + 16 * p);
             store16(y + (m0 + r) * ldy + n0, panel_mask(N, n0), tree_sum(v, 0, leaves));
         }
 }
@@ -199,7 +202,7 @@ void leaves_gemm(const X *x, long ldx, const long *offsets, const int *steps, co
                 for (int l = 0; l < leaves; l++)
                     fn(x + offsets[l], ldx, static_cast<const W *>(packs[l]) + static_cast<long>(p0) * steps[l] * Kernel::PANEL,
                        buf + l * TILE, LD, nullptr, m0, p0, N, steps[l]);
-                store_tree(buf, TILE, LD, leaves, false, R, P, m0, p0, N, y, ldy);  // the blocks rounded the parts
+                store_tree(buf, TILE, LD, leaves, R, P, m0, p0, N, y, ldy);  // the blocks rounded the parts
             }
         }
         delete[] buf;
@@ -213,11 +216,12 @@ void leaves_gemm(const X *x, long ldx, const long *offsets, const int *steps, co
 // A weight value is fl(q * scale) in float32: q its integer, scale its group's (a group: G columns of
 // one row, counted from the layer's column 0; int8 per channel has one group a row). The product is
 // gemm_f32's: one float32 chain of fused multiply-adds over K per output, from zero, the bias added
-// once; x in float32 (bfloat16 rows widened exactly), the result rounded once to y's type. So a
-// layer gives, to the bit, what gemm_f32 gives on the dequantized weight (quantization.dequantize),
-// and a row's bits do not depend on the batch. Each thread dequantizes the panels it owns once per
-// call into a buffer of its own (pack_f32's layout), then runs gemm_f32's blocks over every row:
-// what is read from memory is the integers, a quarter (int8) or an eighth (int4) of float32's bytes.
+// once. So a layer gives, to the bit, what gemm_f32 gives on the dequantized weight
+// (quantization.dequantize), and a row's bits do not depend on the batch. A batch of at most MR rows
+// dequantizes in registers as the chain goes (block_q); a larger one has each thread dequantize the
+// panels it owns once per call into a buffer of its own (pack_f32's layout), then run gemm_f32's
+// blocks over every row. What is read from memory is the integers, a quarter (int8) or an eighth
+// (int4) of float32's bytes. bfloat16 rows take the bfloat16 kernel's chain instead (quant_gemm_bf16).
 
 struct QuantPack {        // kernels: quantization.py's QuantPack, field for field
     const uint8_t *q;     // panels of 16 columns: int8 [panel][k][16]; int4 [panel][k / 2][16] bytes, column n's
@@ -257,6 +261,8 @@ void dequantize(const QuantPack &w, int p0, int P, float *out) {
     }
 }
 
+constexpr long QDIST = 2048;  // bytes of a panel's integers asked for ahead of their use (block_q)
+
 // What `block` computes on dequantize's output, with the weights dequantized in registers as the
 // chain goes (a batch of at most MR rows: decode, where the buffer's round trip would cost more than
 // the weights' bytes): the same fl(q * scale) values in the same chains, so the same bits.
@@ -273,6 +279,12 @@ void block_q(const float *x, long ldx, const QuantPack &w, float *y, long ldy, c
         __m512 scale[P];
         for (int p = 0; p < P; p++) scale[p] = _mm512_loadu_ps(w.scales + ((static_cast<long>(p0) + p) * groups + g) * 16);
         for (; k < end; k++) {
+            // The integers stream from memory at a few bytes per weight, too slowly for the hardware's
+            // prefetcher to run far enough ahead: each panel asks for its line QDIST bytes on, once a line.
+            if (k % (w.bits == 8 ? 4 : 8) == 0) {
+                const long row = w.bits == 8 ? K : (K + 1) / 2, at = w.bits == 8 ? k : k / 2;  // in 16-byte steps
+                for (int p = 0; p < P; p++) simd::prefetch<1>(w.q + ((static_cast<long>(p0) + p) * row + at) * 16 + QDIST);
+            }
             __m512 wv[P];
             for (int p = 0; p < P; p++) {
                 __m512i v;
@@ -321,18 +333,20 @@ BlockQ pick_q(int R, int P) {
 // x (M rows of floats, stride ldx) times the packs (leaf l: x's columns bounds[l] .. bounds[l + 1] - 1;
 // one leaf: the whole product, with the bias), into y. With leaves, each leaf's product is rounded to
 // Y, then the leaves are added in split.py's tree in float32 and rounded once (leaves_gemm's sum).
-template <class Y>
-void quant_gemm(const float *x, long ldx, const QuantPack *const *packs, const int *bounds, int leaves, Y *y, long ldy,
+void quant_gemm(const float *x, long ldx, const QuantPack *const *packs, const int *bounds, int leaves, float *y, long ldy,
                 const float *bias, int M, int N, int threads) {
     constexpr long LD = NP * 16, TILE = MR * LD;
     const int panels = (N + 15) / 16, groups = (panels + NP - 1) / NP;
     const long width = bounds[leaves] - bounds[0];
-    const bool direct = leaves == 1 && sizeof(Y) == sizeof(float);  // float32, one leaf: the blocks write y
     const bool small = M <= MR;  // one register block of rows: dequantized in registers (block_q)
 #pragma omp parallel num_threads(threads)
     {
-        float *weights = small ? nullptr : new float[LD * width];  // this thread's panels, every leaf, dequantized
-        float *buf = new float[TILE * leaves];
+        // This thread's panels of every leaf, dequantized, and its tiles: kept from call to call (a
+        // fresh allocation this large is fresh pages, faulted in at every call), grown as needed.
+        static thread_local std::vector<float> weights_buf, tiles;
+        if (!small && weights_buf.size() < static_cast<size_t>(LD * width)) weights_buf.resize(LD * width);
+        if (tiles.size() < static_cast<size_t>(TILE * leaves)) tiles.resize(TILE * leaves);
+        float *weights = weights_buf.data(), *buf = tiles.data();
 #pragma omp for schedule(static)
         for (int g = 0; g < groups; g++) {
             const int p0 = g * NP, P = panels - p0 < NP ? panels - p0 : NP;
@@ -354,16 +368,14 @@ void quant_gemm(const float *x, long ldx, const QuantPack *const *packs, const i
                     else
                         fn(x + bounds[l], ldx, w[l], out, ld, b, m0, p0, N, packs[l]->K);
                 };
-                if (direct) {
-                    run(0, reinterpret_cast<float *>(y) + m0 * ldy + 16 * p0, ldy, bias);
+                if (leaves == 1) {  // the blocks write y
+                    run(0, y + m0 * ldy + 16 * p0, ldy, bias);
                     continue;
                 }
                 for (int l = 0; l < leaves; l++) run(l, buf + l * TILE, LD, leaves == 1 ? bias : nullptr);
-                store_tree(buf, TILE, LD, leaves, leaves > 1 && sizeof(Y) != sizeof(float), R, P, m0, p0, N, y, ldy);
+                store_tree(buf, TILE, LD, leaves, R, P, m0, p0, N, y, ldy);
             }
         }
-        delete[] weights;
-        delete[] buf;
     }
 }
 
@@ -457,74 +469,248 @@ extern "C" void pack_bf16_pairs(const uint16_t *w, uint16_t *out, int N, int K) 
                 }
 }
 
+namespace {
+
+// x's rows as 32-bit pairs (x[k], x[k + 1]), as block_bf16 reads them, each part's (columns bounds[l] ..
+// bounds[l + 1] - 1) from its own first column: read in place when every bound, the row stride and
+// the address are even, else each part's columns copied after the last's, with a zero after an odd
+// count. One part (bounds {0, K}): the whole row.
+struct PairRows {
+    const uint32_t *rows;
+    long ld;                   // pairs from one row to the next
+    long offsets[MAX_LEAVES];  // part l's first pair in a row
+    int steps[MAX_LEAVES];     // part l's pairs
+    uint16_t *copy = nullptr;
+
+    PairRows(const uint16_t *x, long ldx, const int *bounds, int leaves, int M) {
+        bool copied = ldx % 2 || reinterpret_cast<uintptr_t>(x) % 4;
+        for (int l = 0; l <= leaves; l++) copied = copied || bounds[l] % 2;
+        long total = 0;
+        for (int l = 0; l < leaves; l++) {
+            steps[l] = (bounds[l + 1] - bounds[l] + 1) / 2;
+            offsets[l] = copied ? total : bounds[l] / 2;
+            total += steps[l];
+        }
+        if (copied) {
+            copy = new uint16_t[static_cast<long>(M) * total * 2]();
+            for (long m = 0; m < M; m++)
+                for (int l = 0; l < leaves; l++)
+                    std::memcpy(copy + (m * total + offsets[l]) * 2, x + m * ldx + bounds[l],
+                                static_cast<size_t>(bounds[l + 1] - bounds[l]) * 2);
+        }
+        rows = reinterpret_cast<const uint32_t *>(copied ? copy : x);
+        ld = copied ? total : ldx / 2;
+    }
+    ~PairRows() { delete[] copy; }
+    PairRows(const PairRows &) = delete;
+    PairRows &operator=(const PairRows &) = delete;
+};
+
+// ----- bfloat16 rows on int8 or int4 weights -----
+//
+// The function of gemm_bf16_dot on the model's own bfloat16 weight, bf16(fl(q * scale)) (what
+// Transformer.quantize stores), to the bit: a pair of weights is dequantized in float32 as above,
+// rounded to bfloat16 by vcvtne2ps2bf16 (to nearest even; it flushes denormals, and fl(q * scale)
+// never is one: every scale is at least quantization.py's MIN_SCALE), and laid out as
+// pack_bf16_pairs lays it, then block_bf16's chain runs on it.
+
+// Column k's group, for k = 0, 1, 2, ... in turn (a pack's columns, from its first).
+struct GroupCursor {
+    int group, k0, K, g = 0, end;
+    explicit GroupCursor(const QuantPack &w) : group(w.group), k0(w.k0), K(w.K) { end = limit(); }
+    int limit() const {
+        const int e = (k0 / group + g + 1) * group - k0;
+        return e < K ? e : K;
+    }
+    int at(int k) {
+        while (k >= end) g++, end = limit();
+        return g;
+    }
+};
+
+// Panel `panel` of w at columns k (even) and k + 1, in bfloat16 pairs: lane n holds (W[n][k], W[n][k + 1]),
+// zero past K. s0, s1: the scales of k's and k + 1's groups.
+template <int BITS>
+__attribute__((always_inline)) inline __m512i quant_pair(const QuantPack &w, long panel, int k, __m512 s0, __m512 s1) {
+    const __mmask16 second = k + 1 < w.K ? 0xffff : 0;
+    __m512i a, b;
+    if constexpr (BITS == 8) {
+        const int8_t *q = reinterpret_cast<const int8_t *>(w.q) + (panel * w.K + k) * 16;
+        a = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(q)));
+        b = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(second, q + 16));  // nothing read past K
+    } else {  // k's value in the low nibble of a byte, k + 1's in the high one
+        const __m512i v = _mm512_cvtepu8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i *>(w.q + (panel * ((w.K + 1) / 2) + k / 2) * 16)));
+        const __m512i eight = _mm512_set1_epi32(8);
+        a = _mm512_sub_epi32(_mm512_and_si512(v, _mm512_set1_epi32(15)), eight);
+        b = _mm512_sub_epi32(_mm512_srli_epi32(v, 4), eight);
+    }
+    const __m512 fa = _mm512_mul_ps(_mm512_cvtepi32_ps(a), s0);
+    const __m512 fb = _mm512_maskz_mul_ps(second, _mm512_cvtepi32_ps(b), s1);  // +0 past K, as the pack's padding
+    alignas(64) static const uint16_t order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                                   8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i h = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(fb, fa));  // fa's 16 values, then fb's
+    return _mm512_permutexvar_epi16(_mm512_load_si512(order), h);
+}
+
+// Panels p0 .. p0 + P - 1 of w as bfloat16 pairs into out ([p][pair][32], pack_bf16_pairs' layout).
+void dequantize_pairs(const QuantPack &w, int p0, int P, uint16_t *out) {
+    const int pairs = (w.K + 1) / 2, groups = groups_of(w);
+    for (int p = 0; p < P; p++) {
+        const long panel = p0 + p;
+        GroupCursor cur(w);
+        for (int j = 0; j < pairs; j++) {
+            const int k = 2 * j, g0 = cur.at(k), g1 = k + 1 < w.K ? cur.at(k + 1) : g0;
+            const __m512 s0 = _mm512_loadu_ps(w.scales + (panel * groups + g0) * 16);
+            const __m512 s1 = g1 == g0 ? s0 : _mm512_loadu_ps(w.scales + (panel * groups + g1) * 16);
+            _mm512_storeu_si512(out + (p * static_cast<long>(pairs) + j) * 32,
+                                w.bits == 8 ? quant_pair<8>(w, panel, k, s0, s1) : quant_pair<4>(w, panel, k, s0, s1));
+        }
+    }
+}
+
+// What block_bf16 computes on dequantize_pairs' output, the weights dequantized in registers as the
+// chain goes (a batch of at most MR rows), so the same bits.
+template <int R, int P, int BITS>
+void block_qbf16(const uint32_t *x, long ldx, const QuantPack &w, uint16_t *y, long ldy, const float *bias, int m0,
+                 int p0, int N) {
+    const int pairs = (w.K + 1) / 2, groups = groups_of(w);
+    const long stride = 16L * (BITS == 8 ? w.K : (w.K + 1) / 2);  // a panel's bytes
+    __m512 acc[R][P];
+    for (int r = 0; r < R; r++)
+        for (int p = 0; p < P; p++) acc[r][p] = _mm512_setzero_ps();
+    const uint32_t *a = x + m0 * ldx;
+    GroupCursor cur(w);
+    int loaded = -1;
+    __m512 scale[P];
+    for (int j = 0; j < pairs; j++) {
+        const int k = 2 * j, g0 = cur.at(k), g1 = k + 1 < w.K ? cur.at(k + 1) : g0;
+        const long at = BITS == 8 ? 32L * j : 16L * j;  // the pair's first byte in its panel
+        if (at % 64 == 0)  // a line a panel: see QDIST
+            for (int p = 0; p < P; p++) simd::prefetch<1>(w.q + (static_cast<long>(p0) + p) * stride + at + QDIST);
+        if (g0 != loaded)
+            for (int p = 0; p < P; p++) scale[p] = _mm512_loadu_ps(w.scales + ((static_cast<long>(p0) + p) * groups + g0) * 16);
+        loaded = g0;
+        __m512bh wv[P];
+        for (int p = 0; p < P; p++) {
+            const __m512 s1 = g1 == g0 ? scale[p]
+                                       : _mm512_loadu_ps(w.scales + ((static_cast<long>(p0) + p) * groups + g1) * 16);
+            wv[p] = reinterpret_cast<__m512bh>(quant_pair<BITS>(w, p0 + p, k, scale[p], s1));
+        }
+        for (int r = 0; r < R; r++) {
+            const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[r * ldx + j]));
+            for (int p = 0; p < P; p++) acc[r][p] = _mm512_dpbf16_ps(acc[r][p], xv, wv[p]);
+        }
+    }
+    store_block_bf16(acc, y, ldy, bias, p0, N);
+}
+
+using BlockQB = void (*)(const uint32_t *, long, const QuantPack &, uint16_t *, long, const float *, int, int, int);
+
+template <int R, int BITS> BlockQB pick_qb_panels(int P) {
+    switch (P) {
+    case 1: return block_qbf16<R, 1, BITS>;
+    case 2: return block_qbf16<R, 2, BITS>;
+    case 3: return block_qbf16<R, 3, BITS>;
+    default: return block_qbf16<R, 4, BITS>;
+    }
+}
+
+template <int BITS> BlockQB pick_qb_rows(int R, int P) {
+    switch (R) {
+    case 1: return pick_qb_panels<1, BITS>(P);
+    case 2: return pick_qb_panels<2, BITS>(P);
+    case 3: return pick_qb_panels<3, BITS>(P);
+    case 4: return pick_qb_panels<4, BITS>(P);
+    case 5: return pick_qb_panels<5, BITS>(P);
+    default: return pick_qb_panels<6, BITS>(P);
+    }
+}
+
+BlockQB pick_qb(int R, int P, int bits) { return bits == 8 ? pick_qb_rows<8>(R, P) : pick_qb_rows<4>(R, P); }
+
+// quant_gemm's bfloat16 twin: block_bf16's chains on the parts' dequantized pairs (in registers for
+// at most MR rows, else a buffer of the thread's), each part rounded to bfloat16 as its own call
+// would round it, the parts' tree sum in float32 rounded once (gemm_leaves_bf16_dot's).
+void quant_gemm_bf16(const PairRows &x, const QuantPack *const *packs, int leaves, uint16_t *y, long ldy,
+                     const float *bias, int M, int N, int threads) {
+    constexpr long LD = NP * 16, TILE = MR * LD;
+    const int panels = (N + 15) / 16, groups = (panels + NP - 1) / NP;
+    long pairs = 0;
+    for (int l = 0; l < leaves; l++) pairs += x.steps[l];
+    const bool small = M <= MR;
+#pragma omp parallel num_threads(threads)
+    {
+        static thread_local std::vector<uint16_t> weights_buf, tiles;  // as in quant_gemm
+        if (!small && weights_buf.size() < static_cast<size_t>(2 * LD * pairs)) weights_buf.resize(2 * LD * pairs);
+        if (tiles.size() < static_cast<size_t>(TILE * leaves)) tiles.resize(TILE * leaves);
+        uint16_t *weights = weights_buf.data(), *buf = tiles.data();
+#pragma omp for schedule(static)
+        for (int g = 0; g < groups; g++) {
+            const int p0 = g * NP, P = panels - p0 < NP ? panels - p0 : NP;
+            const uint16_t *w[MAX_LEAVES];
+            long at = 0;
+            for (int l = 0; l < leaves && !small; l++) {
+                uint16_t *dst = weights + at * 2 * LD;
+                dequantize_pairs(*packs[l], p0, P, dst);
+                w[l] = dst;
+                at += x.steps[l];
+            }
+            for (int m0 = 0; m0 < M; m0 += MR) {
+                const int R = M - m0 < MR ? M - m0 : MR;
+                const Bf16::Fn fn = pick<Bf16>(R, P);
+                auto run = [&](int l, uint16_t *out, long ld, const float *b) {
+                    if (small)
+                        pick_qb(R, P, packs[l]->bits)(x.rows + x.offsets[l], x.ld, *packs[l], out, ld, b, m0, p0, N);
+                    else
+                        fn(x.rows + x.offsets[l], x.ld, w[l], out, ld, b, m0, p0, N, x.steps[l]);
+                };
+                if (leaves == 1) {
+                    run(0, y + m0 * ldy + 16 * p0, ldy, bias);
+                    continue;
+                }
+                for (int l = 0; l < leaves; l++) run(l, buf + l * TILE, LD, nullptr);
+                store_tree(buf, TILE, LD, leaves, R, P, m0, p0, N, y, ldy);  // the blocks rounded the parts
+            }
+        }
+    }
+}
+
+}  // namespace
+
 // x: (M, K) bfloat16 rows of stride ldx; packed from pack_bf16_pairs; y: (M, N) bfloat16 of stride
 // ldy; bias: N floats (the bias widened) or null.
 extern "C" void gemm_bf16_dot(const uint16_t *x, long ldx, const uint16_t *packed, uint16_t *y, long ldy,
                               const float *bias, int M, int N, int K, int threads) {
-    const int pairs = (K + 1) / 2;
-    // The rows as 32-bit pairs: read in place when K, the row stride and the address allow it, else
-    // copied (with a zero after an odd K).
-    const bool copy = K % 2 || ldx % 2 || reinterpret_cast<uintptr_t>(x) % 4;
-    uint16_t *xp = copy ? new uint16_t[static_cast<long>(M) * pairs * 2] : nullptr;
-    for (long m = 0; copy && m < M; m++) {
-        std::memcpy(xp + m * pairs * 2, x + m * ldx, static_cast<size_t>(K) * 2);
-        if (K % 2) xp[m * pairs * 2 + K] = 0;
-    }
-    const uint32_t *rows = reinterpret_cast<const uint32_t *>(copy ? xp : x);
-    const long ld = copy ? pairs : ldx / 2;
-    const int panels = (N + 15) / 16, groups = (panels + NP - 1) / NP;
+    const int whole[2] = {0, K};
+    const PairRows rows(x, ldx, whole, 1, M);
+    const int panels = (N + 15) / 16, groups = (panels + NP - 1) / NP, pairs = rows.steps[0];
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int g = 0; g < groups; g++) {
         const int p0 = g * NP, P = panels - p0 < NP ? panels - p0 : NP;
         for (int m0 = 0; m0 < M; m0 += MR) {
             const int R = M - m0 < MR ? M - m0 : MR;
-            pick<Bf16>(R, P)(rows, ld, packed + static_cast<long>(p0) * pairs * 32, y + m0 * ldy + 16 * p0, ldy, bias, m0,
-                             p0, N, pairs);
+            pick<Bf16>(R, P)(rows.rows, rows.ld, packed + static_cast<long>(p0) * pairs * 32, y + m0 * ldy + 16 * p0, ldy,
+                             bias, m0, p0, N, pairs);
         }
     }
-    delete[] xp;  // null when read in place
 }
 
 // gemm_leaves_f32's bfloat16 twin (packs[l] from pack_bf16_pairs of the leaf's columns): each leaf's
 // product rounded to bfloat16 as gemm_bf16_dot rounds it, their tree sum in float32, rounded once.
 extern "C" void gemm_leaves_bf16_dot(const uint16_t *x, long ldx, const void *const *packs, const int *bounds,
                                      int leaves, uint16_t *y, long ldy, int M, int N, int threads) {
-    // The rows as 32-bit pairs, each leaf's from its own first column: read in place when every
-    // bound, the row stride and the address are even, else each leaf's columns copied after the
-    // last's (with a zero after an odd count), as gemm_bf16_dot copies one leaf's.
-    bool copy = ldx % 2 || reinterpret_cast<uintptr_t>(x) % 4;
-    for (int l = 0; l <= leaves; l++) copy = copy || bounds[l] % 2;
-    long offsets[MAX_LEAVES], total = 0;
-    int steps[MAX_LEAVES];
-    for (int l = 0; l < leaves; l++) {
-        steps[l] = (bounds[l + 1] - bounds[l] + 1) / 2;
-        offsets[l] = copy ? total : bounds[l] / 2;
-        total += steps[l];
-    }
-    uint16_t *xp = copy ? new uint16_t[static_cast<long>(M) * total * 2]() : nullptr;
-    for (long m = 0; copy && m < M; m++)
-        for (int l = 0; l < leaves; l++)
-            std::memcpy(xp + (m * total + offsets[l]) * 2, x + m * ldx + bounds[l],
-                        static_cast<size_t>(bounds[l + 1] - bounds[l]) * 2);
-    const uint32_t *rows = reinterpret_cast<const uint32_t *>(copy ? xp : x);
-    leaves_gemm<Bf16, uint32_t, uint16_t>(rows, copy ? total : ldx / 2, offsets, steps, packs, leaves, y, ldy, M, N,
+    const PairRows rows(x, ldx, bounds, leaves, M);
+    leaves_gemm<Bf16, uint32_t, uint16_t>(rows.rows, rows.ld, rows.offsets, rows.steps, packs, leaves, y, ldy, M, N,
                                           threads);
-    delete[] xp;  // null when read in place
 }
 
-// gemm_quant_f32 for bfloat16 x and y: the rows widened to float32 (exactly), the result rounded once.
+// gemm_quant_f32 for bfloat16 x and y: gemm_bf16_dot's (gemm_leaves_bf16_dot's) bits on the weight
+// as the bfloat16 model stores it, bf16(fl(q * scale)) (quant_gemm_bf16).
 extern "C" void gemm_quant_bf16(const uint16_t *x, long ldx, const void *const *packs, const int *bounds, int leaves,
                                 uint16_t *y, long ldy, const float *bias, int M, int N, int threads) {
-    const long width = bounds[leaves];
-    float *xf = new float[static_cast<long>(M) * width];
-    for (long m = 0; m < M; m++)
-        for (long k = 0; k < width; k++) {
-            const uint32_t bits = static_cast<uint32_t>(x[m * ldx + k]) << 16;
-            std::memcpy(xf + m * width + k, &bits, 4);
-        }
-    quant_gemm(xf, width, reinterpret_cast<const QuantPack *const *>(packs), bounds, leaves, y, ldy, bias, M, N,
-               threads);
-    delete[] xf;
+    const PairRows rows(x, ldx, bounds, leaves, M);
+    quant_gemm_bf16(rows, reinterpret_cast<const QuantPack *const *>(packs), leaves, y, ldy, bias, M, N, threads);
 }
 
 extern "C" void gemm_quant_layer_bf16(const uint16_t *x, long ldx, const void *packed, uint16_t *y, long ldy,
