@@ -92,6 +92,24 @@ template <class Kernel> typename Kernel::Fn pick(int R, int P) {
     }
 }
 
+// The work of a product: items (g, b), a group of NP panels times a block of MR rows, in that order
+// (a group's blocks one after another, its panels staying in the cache), shared by `omp for` in
+// contiguous runs. Rows are split as well as columns, so that a layer of few groups (576 columns:
+// 9 groups) keeps every thread busy to the end at a prefill's row count; a row's bits do not depend
+// on which thread computes its block.
+struct Items {
+    int panels, groups, blocks, M;
+    Items(int M_, int N) : panels((N + 15) / 16), groups((panels + NP - 1) / NP), blocks((M_ + MR - 1) / MR), M(M_) {}
+    long count() const { return static_cast<long>(groups) * blocks; }
+    struct Item {
+        int g, p0, P, m0, R;
+    };
+    Item operator[](long i) const {
+        const int g = static_cast<int>(i / blocks), m0 = static_cast<int>(i % blocks) * MR, p0 = g * NP;
+        return {g, p0, panels - p0 < NP ? panels - p0 : NP, m0, M - m0 < MR ? M - m0 : MR};
+    }
+};
+
 struct F32 {
     using Fn = void (*)(const float *, long, const float *, float *, long, const float *, int, int, int, int);
     template <int R, int P> static constexpr Fn block = ::block<R, P>;
@@ -189,21 +207,19 @@ template <class Kernel, class X, class W, class Y>
 void leaves_gemm(const X *x, long ldx, const long *offsets, const int *steps, const void *const *packs, int leaves,
                  Y *y, long ldy, int M, int N, int threads) {
     constexpr long LD = NP * 16, TILE = MR * LD;  // one register block's outputs, per leaf
-    const int panels = (N + 15) / 16, groups = (panels + NP - 1) / NP;
+    const Items items(M, N);
 #pragma omp parallel num_threads(threads)
     {
         Y *buf = new Y[TILE * leaves]();
 #pragma omp for schedule(static)
-        for (int g = 0; g < groups; g++) {
-            const int p0 = g * NP, P = panels - p0 < NP ? panels - p0 : NP;
-            for (int m0 = 0; m0 < M; m0 += MR) {
-                const int R = M - m0 < MR ? M - m0 : MR;
-                const typename Kernel::Fn fn = pick<Kernel>(R, P);
-                for (int l = 0; l < leaves; l++)
-                    fn(x + offsets[l], ldx, static_cast<const W *>(packs[l]) + static_cast<long>(p0) * steps[l] * Kernel::PANEL,
-                       buf + l * TILE, LD, nullptr, m0, p0, N, steps[l]);
-                store_tree(buf, TILE, LD, leaves, R, P, m0, p0, N, y, ldy);  // the blocks rounded the parts
-            }
+        for (long i = 0; i < items.count(); i++) {
+            const Items::Item it = items[i];
+            const int p0 = it.p0, P = it.P, m0 = it.m0, R = it.R;
+            const typename Kernel::Fn fn = pick<Kernel>(R, P);
+            for (int l = 0; l < leaves; l++)
+                fn(x + offsets[l], ldx, static_cast<const W *>(packs[l]) + static_cast<long>(p0) * steps[l] * Kernel::PANEL,
+                   buf + l * TILE, LD, nullptr, m0, p0, N, steps[l]);
+            store_tree(buf, TILE, LD, leaves, R, P, m0, p0, N, y, ldy);  // the blocks rounded the parts
         }
         delete[] buf;
     }
@@ -336,7 +352,7 @@ BlockQ pick_q(int R, int P) {
 void quant_gemm(const float *x, long ldx, const QuantPack *const *packs, const int *bounds, int leaves, float *y, long ldy,
                 const float *bias, int M, int N, int threads) {
     constexpr long LD = NP * 16, TILE = MR * LD;
-    const int panels = (N + 15) / 16, groups = (panels + NP - 1) / NP;
+    const Items items(M, N);
     const long width = bounds[leaves] - bounds[0];
     const bool small = M <= MR;  // one register block of rows: dequantized in registers (block_q)
 #pragma omp parallel num_threads(threads)
@@ -347,34 +363,31 @@ void quant_gemm(const float *x, long ldx, const QuantPack *const *packs, const i
         if (!small && weights_buf.size() < static_cast<size_t>(LD * width)) weights_buf.resize(LD * width);
         if (tiles.size() < static_cast<size_t>(TILE * leaves)) tiles.resize(TILE * leaves);
         float *weights = weights_buf.data(), *buf = tiles.data();
+        const float *w[MAX_LEAVES];
+        int have = -1;  // the group whose panels `weights` holds
 #pragma omp for schedule(static)
-        for (int g = 0; g < groups; g++) {
-            const int p0 = g * NP, P = panels - p0 < NP ? panels - p0 : NP;
-            const float *w[MAX_LEAVES];
-            long at = 0;
-            for (int l = 0; l < leaves && !small; l++) {
-                float *dst = weights + at * LD;
-                dequantize(*packs[l], p0, P, dst);
-                w[l] = dst;
-                at += packs[l]->K;
+        for (long i = 0; i < items.count(); i++) {
+            const Items::Item it = items[i];
+            const int g = it.g, p0 = it.p0, P = it.P, m0 = it.m0, R = it.R;
+            for (long l = 0, at = 0; l < leaves && !small && g != have; at += packs[l]->K, l++) {
+                dequantize(*packs[l], p0, P, weights + at * LD);
+                w[l] = weights + at * LD;
             }
-            for (int m0 = 0; m0 < M; m0 += MR) {
-                const int R = M - m0 < MR ? M - m0 : MR;
-                const F32::Fn fn = pick<F32>(R, P);
-                const BlockQ fq = pick_q(R, P);
-                auto run = [&](int l, float *out, long ld, const float *b) {
-                    if (small)
-                        fq(x + bounds[l], ldx, *packs[l], out, ld, b, m0, p0, N);
-                    else
-                        fn(x + bounds[l], ldx, w[l], out, ld, b, m0, p0, N, packs[l]->K);
-                };
-                if (leaves == 1) {  // the blocks write y
-                    run(0, y + m0 * ldy + 16 * p0, ldy, bias);
-                    continue;
-                }
-                for (int l = 0; l < leaves; l++) run(l, buf + l * TILE, LD, leaves == 1 ? bias : nullptr);
-                store_tree(buf, TILE, LD, leaves, R, P, m0, p0, N, y, ldy);
+            have = g;
+            const F32::Fn fn = pick<F32>(R, P);
+            const BlockQ fq = pick_q(R, P);
+            auto run = [&](int l, float *out, long ld, const float *b) {
+                if (small)
+                    fq(x + bounds[l], ldx, *packs[l], out, ld, b, m0, p0, N);
+                else
+                    fn(x + bounds[l], ldx, w[l], out, ld, b, m0, p0, N, packs[l]->K);
+            };
+            if (leaves == 1) {  // the blocks write y
+                run(0, y + m0 * ldy + 16 * p0, ldy, bias);
+                continue;
             }
+            for (int l = 0; l < leaves; l++) run(l, buf + l * TILE, LD, nullptr);
+            store_tree(buf, TILE, LD, leaves, R, P, m0, p0, N, y, ldy);
         }
     }
 }
@@ -404,15 +417,12 @@ extern "C" void pack_f32(const float *w, float *out, int N, int K) {
 // x: (M, K) rows of stride ldx; packed from pack_f32; y: (M, N) of stride ldy; bias: N or null.
 extern "C" void gemm_f32(const float *x, long ldx, const float *packed, float *y, long ldy, const float *bias, int M,
                          int N, int K, int threads) {
-    const int panels = (N + 15) / 16, groups = (panels + NP - 1) / NP;
+    const Items items(M, N);
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int g = 0; g < groups; g++) {
-        const int p0 = g * NP, P = panels - p0 < NP ? panels - p0 : NP;
-        for (int m0 = 0; m0 < M; m0 += MR) {
-            const int R = M - m0 < MR ? M - m0 : MR;
-            pick<F32>(R, P)(x, ldx, packed + static_cast<long>(p0) * K * 16, y + m0 * ldy + 16 * p0, ldy, bias, m0, p0,
-                            N, K);
-        }
+    for (long i = 0; i < items.count(); i++) {
+        const Items::Item it = items[i];
+        const int p0 = it.p0, P = it.P, m0 = it.m0, R = it.R;
+        pick<F32>(R, P)(x, ldx, packed + static_cast<long>(p0) * K * 16, y + m0 * ldy + 16 * p0, ldy, bias, m0, p0, N, K);
     }
 }
 
@@ -635,7 +645,7 @@ BlockQB pick_qb(int R, int P, int bits) { return bits == 8 ? pick_qb_rows<8>(R, 
 void quant_gemm_bf16(const PairRows &x, const QuantPack *const *packs, int leaves, uint16_t *y, long ldy,
                      const float *bias, int M, int N, int threads) {
     constexpr long LD = NP * 16, TILE = MR * LD;
-    const int panels = (N + 15) / 16, groups = (panels + NP - 1) / NP;
+    const Items items(M, N);
     long pairs = 0;
     for (int l = 0; l < leaves; l++) pairs += x.steps[l];
     const bool small = M <= MR;
@@ -645,33 +655,30 @@ void quant_gemm_bf16(const PairRows &x, const QuantPack *const *packs, int leave
         if (!small && weights_buf.size() < static_cast<size_t>(2 * LD * pairs)) weights_buf.resize(2 * LD * pairs);
         if (tiles.size() < static_cast<size_t>(TILE * leaves)) tiles.resize(TILE * leaves);
         uint16_t *weights = weights_buf.data(), *buf = tiles.data();
+        const uint16_t *w[MAX_LEAVES];
+        int have = -1;  // the group whose panels `weights` holds
 #pragma omp for schedule(static)
-        for (int g = 0; g < groups; g++) {
-            const int p0 = g * NP, P = panels - p0 < NP ? panels - p0 : NP;
-            const uint16_t *w[MAX_LEAVES];
-            long at = 0;
-            for (int l = 0; l < leaves && !small; l++) {
-                uint16_t *dst = weights + at * 2 * LD;
-                dequantize_pairs(*packs[l], p0, P, dst);
-                w[l] = dst;
-                at += x.steps[l];
+        for (long i = 0; i < items.count(); i++) {
+            const Items::Item it = items[i];
+            const int g = it.g, p0 = it.p0, P = it.P, m0 = it.m0, R = it.R;
+            for (long l = 0, at = 0; l < leaves && !small && g != have; at += x.steps[l], l++) {
+                dequantize_pairs(*packs[l], p0, P, weights + at * 2 * LD);
+                w[l] = weights + at * 2 * LD;
             }
-            for (int m0 = 0; m0 < M; m0 += MR) {
-                const int R = M - m0 < MR ? M - m0 : MR;
-                const Bf16::Fn fn = pick<Bf16>(R, P);
-                auto run = [&](int l, uint16_t *out, long ld, const float *b) {
-                    if (small)
-                        pick_qb(R, P, packs[l]->bits)(x.rows + x.offsets[l], x.ld, *packs[l], out, ld, b, m0, p0, N);
-                    else
-                        fn(x.rows + x.offsets[l], x.ld, w[l], out, ld, b, m0, p0, N, x.steps[l]);
-                };
-                if (leaves == 1) {
-                    run(0, y + m0 * ldy + 16 * p0, ldy, bias);
-                    continue;
-                }
-                for (int l = 0; l < leaves; l++) run(l, buf + l * TILE, LD, nullptr);
-                store_tree(buf, TILE, LD, leaves, R, P, m0, p0, N, y, ldy);  // the blocks rounded the parts
+            have = g;
+            const Bf16::Fn fn = pick<Bf16>(R, P);
+            auto run = [&](int l, uint16_t *out, long ld, const float *b) {
+                if (small)
+                    pick_qb(R, P, packs[l]->bits)(x.rows + x.offsets[l], x.ld, *packs[l], out, ld, b, m0, p0, N);
+                else
+                    fn(x.rows + x.offsets[l], x.ld, w[l], out, ld, b, m0, p0, N, x.steps[l]);
+            };
+            if (leaves == 1) {
+                run(0, y + m0 * ldy + 16 * p0, ldy, bias);
+                continue;
             }
+            for (int l = 0; l < leaves; l++) run(l, buf + l * TILE, LD, nullptr);
+            store_tree(buf, TILE, LD, leaves, R, P, m0, p0, N, y, ldy);  // the blocks rounded the parts
         }
     }
 }
@@ -684,15 +691,14 @@ extern "C" void gemm_bf16_dot(const uint16_t *x, long ldx, const uint16_t *packe
                               const float *bias, int M, int N, int K, int threads) {
     const int whole[2] = {0, K};
     const PairRows rows(x, ldx, whole, 1, M);
-    const int panels = (N + 15) / 16, groups = (panels + NP - 1) / NP, pairs = rows.steps[0];
+    const Items items(M, N);
+    const int pairs = rows.steps[0];
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int g = 0; g < groups; g++) {
-        const int p0 = g * NP, P = panels - p0 < NP ? panels - p0 : NP;
-        for (int m0 = 0; m0 < M; m0 += MR) {
-            const int R = M - m0 < MR ? M - m0 : MR;
-            pick<Bf16>(R, P)(rows.rows, rows.ld, packed + static_cast<long>(p0) * pairs * 32, y + m0 * ldy + 16 * p0, ldy,
-                             bias, m0, p0, N, pairs);
-        }
+    for (long i = 0; i < items.count(); i++) {
+        const Items::Item it = items[i];
+        const int p0 = it.p0, P = it.P, m0 = it.m0, R = it.R;
+        pick<Bf16>(R, P)(rows.rows, rows.ld, packed + static_cast<long>(p0) * pairs * 32, y + m0 * ldy + 16 * p0, ldy,
+                         bias, m0, p0, N, pairs);
     }
 }
 
