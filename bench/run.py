@@ -60,6 +60,7 @@ import roofline  # noqa: E402
 import systems as S  # noqa: E402
 from workloads import WORKLOADS, Workload  # noqa: E402
 
+
 def quantization_list(text: str) -> list[str]:
     """--quantization: a comma list of methods, each checked by name."""
     methods = [m for m in text.split(",") if m]

