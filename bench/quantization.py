@@ -33,7 +33,7 @@ import torch.nn.functional as F  # noqa: E402
 from nano_engine import LLMEngine, SamplingParams, Transformer, generate  # noqa: E402
 from nano_engine.kernels.linear import can_prepack  # noqa: E402
 from nano_engine.models.loading import chat_prompt_ids, load_tokenizer  # noqa: E402
-from roofline import weight_bytes  # noqa: E402  (bench/, the script's folder)
+from roofline import read_bandwidth, weight_bytes  # noqa: E402  (bench/, the script's folder)
 
 WINDOW = 512
 
@@ -71,17 +71,6 @@ def decode_ms(model: Transformer, prompt: list[int], tokens: int) -> float:
     return statistics.median(times) * 1000
 
 
-def bandwidth() -> float:
-    big = torch.ones(256 * 2**20)  # 1 GiB
-    big.sum()
-    times = []
-    for _ in range(5):
-        t = time.perf_counter()
-        big.sum()
-        times.append(time.perf_counter() - t)
-    return big.numel() * 4 / statistics.median(times)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtypes", default="float32,bfloat16")
@@ -93,7 +82,7 @@ def main() -> int:
     tokenizer = load_tokenizer(None)
     ids = tokenizer.encode(local_text())[:args.text_tokens + 1]
     prompt = chat_prompt_ids(tokenizer, "Tell me a long story about a dragon.")
-    bw = bandwidth()
+    bw = read_bandwidth()
     print(f"CPU threads {torch.get_num_threads()}; memory read {bw / 1e9:.1f} GB/s; text: pydoc_data.topics, "
           f"{len(ids) - 1} tokens in windows of {WINDOW}; decode: batch 1, {args.tokens} steps, {args.reps} runs\n")
     print(f"| dtype | weights | perplexity | bytes a decode step reads | at {bw / 1e9:.0f} GB/s | decode ms a step "

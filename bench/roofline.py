@@ -132,11 +132,15 @@ def measure(model: Transformer, points=POINTS, reps: int = 5) -> Roofline:
     for s in (1, 8, 64):
         x = torch.randn(s, head.in_features, dtype=dt)
         lm_head_s[s] = median_time(lambda: head(x), reps)
-    big = torch.ones(256 * 2**20, dtype=torch.float32)  # 1 GiB
-    bandwidth = big.numel() * 4 / median_time(lambda: big.sum(), reps)
     linear_params = sum(lin.weight.numel() for lin in linears)
     return Roofline(str(dt).removeprefix("torch."), torch.get_num_threads(), linear_s, lm_head_s,
-                    linear_params, head.weight.numel(), weight_bytes(model), bandwidth)
+                    linear_params, head.weight.numel(), weight_bytes(model), read_bandwidth(reps))
+
+
+def read_bandwidth(reps: int = 5) -> float:
+    """Bytes a second this machine reads now: a reduction over 1 GiB of float32, median of reps."""
+    big = torch.ones(256 * 2**20, dtype=torch.float32)
+    return big.numel() * 4 / median_time(lambda: big.sum(), reps)
 
 
 def weight_bytes(model: Transformer) -> int:

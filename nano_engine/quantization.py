@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from . import checks
 from .kernels import build
-from .kernels.linear import PackedWeight, bf16_dot_library, f32_library
+from .kernels.linear import PackedLeaves, PackedWeight, chain_library, f32_library
 from .parallel.split import Tree
 
 METHODS = ("int8", "int4")  # --quantization
@@ -107,9 +107,7 @@ def dequantize(qt: QuantizedTensor) -> torch.Tensor:
 def kernel_library(dtype: torch.dtype) -> ctypes.CDLL | None:
     """The library whose gemm_quant_* runs activations of this dtype here: AVX-512 for float32, and
     AVX512_BF16 with it for bfloat16 (where the kernels are built); None: PyTorch's product runs."""
-    if dtype == torch.float32:
-        return f32_library()
-    return bf16_dot_library() if dtype == torch.bfloat16 else None
+    return chain_library(dtype)
 
 
 class _Pack(ctypes.Structure):  # csrc/gemm_f32.cpp's QuantPack
@@ -134,8 +132,8 @@ class QuantizedWeight:
         self.qt, self.kind = qt, qt.method
         self.n, self.k = qt.shape
         self.leaves = tuple(leaves) if leaves else (0, self.k)
-        if len(self.leaves) - 1 > 64:
-            raise ValueError(f"{len(self.leaves) - 1} leaves: the kernel takes at most 64")
+        if len(self.leaves) - 1 > PackedLeaves.MAX_LEAVES:
+            raise ValueError(f"{len(self.leaves) - 1} leaves: the kernel takes at most {PackedLeaves.MAX_LEAVES}")
         self.fast = f32_library() is not None
         self._key = PackedWeight._key_of(weight)
         self.packs = [self._panels(a, b) for a, b in zip(self.leaves, self.leaves[1:])] if self.fast else []

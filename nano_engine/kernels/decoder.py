@@ -193,8 +193,7 @@ def make_plan(model) -> Plan | None:
         kinds |= {p.kind for p in packs}
         if not kinds <= GEMMS.keys() | set(QUANTIZED):  # a weight no gemm here takes: layer by layer
             return None
-        quantized_library = _linear.f32_library() if dtype == torch.float32 else _linear.bf16_dot_library()
-        if kinds & set(QUANTIZED) and quantized_library is None:  # quantization.kernel_library's rule
+        if kinds & set(QUANTIZED) and _linear.chain_library(dtype) is None:  # quantization.kernel_library's
             return None
         eps |= {block.input_layernorm.eps, block.post_attention_layernorm.eps}
         bias = None

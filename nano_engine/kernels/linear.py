@@ -107,6 +107,14 @@ def bf16_dot_library() -> ctypes.CDLL | None:
     return lib if lib is not None and lib.bf16_dot_available() else None
 
 
+def chain_library(dtype: torch.dtype) -> ctypes.CDLL | None:
+    """The library of gemm_f32.cpp's chains for rows of this dtype (the kernels quantized weights
+    run on, quantization.py): f32_library for float32, bf16_dot_library for bfloat16; else None."""
+    if dtype == torch.float32:
+        return f32_library()
+    return bf16_dot_library() if dtype == torch.bfloat16 else None
+
+
 def packed_kind(dtype: torch.dtype) -> str | None:
     """Which kernel `PackedWeight` packs weights of this dtype for here: "f32" (csrc/gemm_f32.cpp),
     "onednn" (oneDNN's blocked layout), "amx" (csrc/gemm_amx.cpp), "bf16_dot" (gemm_f32.cpp's
