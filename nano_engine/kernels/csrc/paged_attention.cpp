@@ -153,10 +153,8 @@ inline void score_vectors(const float *qt, int hd, const float *const *krow, flo
     }
     for (int i = 1; i < hd; i++) {
         V16 qv[NG];
-        for (int g = 0; g < NG; g++) {
-            qv[g] = load(qt + (static_cast<size_t>(g) * hd + i) * 16);
-            in_register(qv[g]);  // loaded once for the R keys, not once per key
-        }
+        for (int g = 0; g < NG; g++) qv[g] = load(qt + (static_cast<size_t>(g) * hd + i) * 16);
+        in_registers(qv);  // loaded once for the R keys, not once per key
         for (int r = 0; r < R; r++) {
             const V16 kv = bcast(krow[r][i]);
             for (int g = 0; g < NG; g++) acc[r][g] = fma(kv, qv[g], acc[r][g]);
