@@ -300,6 +300,9 @@ void run_item(const Item &it, const Batch &b, const T *q, const T *k_cache, cons
     };
     for (int t = 0; t < tiles; t++) {
         fill_tile(v_cache, t * TILE);
+        // V rows two tiles on, into L1: a decode's loop over V does too little per row to hide
+        // L2's latency (64 float32 decodes over 1,000 keys: 4.5 -> 3.9 ms on a 2-core Zen 5).
+        prefetch_rows<1>(v_cache, s.at.data(), std::min((t + 2) * TILE, end), std::min((t + 3) * TILE, end), hd);
         for (int j0 = 0; j0 < nv; j0 += NV) {
             const int n = nv - j0 < NV ? nv - j0 : NV;
             V16 acc[NV][C];
