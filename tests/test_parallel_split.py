@@ -94,9 +94,9 @@ from nano_engine.kernels.linear import can_prepack  # noqa: E402
 from nano_engine.mini_llm import leaf_sum  # noqa: E402
 
 
-def four_kv_heads(dtype, prepack=False) -> Transformer:
+def four_kv_heads(dtype, prepack=False, kv_heads=4) -> Transformer:
     cfg = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=100, num_hidden_layers=1,
-                      num_attention_heads=8, num_key_value_heads=4, head_dim=16)
+                      num_attention_heads=2 * kv_heads, num_key_value_heads=kv_heads, head_dim=16)
     gen = torch.Generator().manual_seed(1)
     model = Transformer(cfg)
     with torch.no_grad():
@@ -147,13 +147,15 @@ def test_the_embedded_models_leaves_are_its_kv_heads():
 ONE_CALL = [dt for dt in (torch.float32, torch.bfloat16) if can_prepack(dt)]
 
 
+@pytest.mark.parametrize("kv_heads", [2, 3, 4, 5, 8])
 @pytest.mark.parametrize("dtype", ONE_CALL)
-def test_all_leaves_in_one_kernel_call_have_the_bits_of_the_leaves_one_by_one(dtype):
+def test_all_leaves_in_one_kernel_call_have_the_bits_of_the_leaves_one_by_one(dtype, kv_heads):
     """On packed weights a layer's leaves and their tree sum run as one call of our kernel
     (PackedLeaves.gemm, where the CPU's kernel has it): the same bits as a call per leaf and the
-    tree sum, at any row count, for leaves of odd widths (down_proj's 100 columns in 4) and rows
-    read with a stride."""
-    block = four_kv_heads(dtype, prepack=True).model.layers[0]
+    tree sum, at any row count, for leaves of odd widths (down_proj's 100 columns in 3, 4, 5 or 8)
+    and rows read with a stride, for as many leaves as the kernel has a tree of its own for, and one
+    it has not (5)."""
+    block = four_kv_heads(dtype, prepack=True, kv_heads=kv_heads).model.layers[0]
     torch.manual_seed(3)
     for layer in (block.self_attn.o_proj, block.mlp.down_proj):
         if layer.packed.gemm(torch.zeros(1, layer.in_features, dtype=dtype)) is None:
