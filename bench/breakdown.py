@@ -3,7 +3,8 @@
     .venv/bin/python bench/breakdown.py                       # W2[:16] in bfloat16 and float32
     .venv/bin/python bench/breakdown.py --workload W1 --dtypes float32 --top 25
 
-Groups: the matmuls of the linear layers (the floor), attention (the gathers of K and V from the
+Groups: the matmuls of the linear layers (the floor), o_proj's and down_proj's parts and their
+fixed sum apart from the other matmuls, attention (the C kernel; or the gathers of K and V from the
 paged blocks, its batched matmuls, softmax, masks), dtype conversions, the other element-wise
 ops (norms, rotary embedding, SwiGLU, residuals), the rest; "Python and dispatch" is the wall time
 that no operator accounts for (module calls, the scheduler, building the batch).
@@ -31,14 +32,20 @@ from workloads import WORKLOADS  # noqa: E402
 
 GROUPS = {
     "matmuls of the linear layers": ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise", "aten::linear",
-                                     "nano_engine::gemm_amx", "nano_engine::gemm_f32", "nano_engine::gemm_bf16_dot"),
+                                     "nano_engine::gemm_amx", "nano_engine::gemm_f32", "nano_engine::gemm_bf16_dot",
+                                     "nano_engine::gemm_quant_f32", "nano_engine::gemm_quant_bf16"),
+    # o_proj and down_proj: their K parts (one per KV head) and the parts' fixed tree sum (parallel/split.py)
+    "matmuls: row-parallel parts and their sum": ("nano_engine::gemm_leaves_f32", "nano_engine::gemm_leaves_bf16_dot",
+                                                  "nano_engine::leaf_sum"),
     "attention: the C kernel": ("nano_engine::paged_attention",),
     "attention: gather K, V from blocks": ("aten::index_select", "aten::index"),
     "attention: batched matmuls": ("aten::bmm",),
     "attention: softmax and masks": ("aten::_softmax", "aten::masked_fill_", "aten::masked_fill"),
     "KV cache writes": ("aten::index_copy_", "aten::index_put_"),
     "dtype conversions and copies": ("aten::copy_", "aten::_to_copy", "aten::clone"),
-    "element-wise (norms, rope, SwiGLU, residual)": ("nano_engine::rms_norm", "nano_engine::silu_mul", "nano_engine::rope",
+    "element-wise (norms, rope, SwiGLU, residual)": ("nano_engine::rms_norm", "nano_engine::add_rms_norm",
+                                                     "nano_engine::silu_mul", "nano_engine::rope",
+                                                     "nano_engine::qk_norm_rope",
                                                      "aten::mul", "aten::add", "aten::silu", "aten::_fused_rms_norm",
                                                      "aten::rms_norm", "aten::pow", "aten::sum", "aten::div_",
                                                      "aten::neg", "aten::cat", "aten::add_", "aten::mean",
