@@ -146,6 +146,17 @@ def test_the_avx2_and_plain_builds_give_this_cpus_bits(tmp_path):
                 assert torch.equal(outs[name], outs["native"]), (name, dtype, hd)
 
 
+@pytest.mark.parametrize("source", sorted(kernel_build.CSRC.glob("*.cpp")), ids=lambda p: p.name)
+def test_every_kernel_builds_for_a_cpu_with_amx(source, tmp_path):
+    """The AMX paths (and AVX512_BF16's) are compiled only where -march=native has them, so a change
+    that breaks them would pass every test on an AMD or AVX2 machine and leave a Sapphire Rapids
+    Xeon without its kernels. Each source is built here for that CPU, with the build's own flags."""
+    flags = [f for f in kernel_build.FLAGS if not f.startswith("-march")]
+    run = subprocess.run(["g++", *flags, "-march=sapphirerapids", "-o", str(tmp_path / "k.so"), str(source)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_mixed_step_through_the_plan_gives_each_row_what_generate_computes(dtype):
     """Decodes among prefill chunks (their rows not neighbours in the batch), through plan_attention,
