@@ -104,12 +104,6 @@ def dequantize(qt: QuantizedTensor) -> torch.Tensor:
     return int_values(qt).float() * scales
 
 
-def kernel_library(dtype: torch.dtype) -> ctypes.CDLL | None:
-    """The library whose gemm_quant_* runs activations of this dtype here: AVX-512 for float32, and
-    AVX512_BF16 with it for bfloat16 (where the kernels are built); None: PyTorch's product runs."""
-    return chain_library(dtype)
-
-
 class _Pack(ctypes.Structure):  # csrc/gemm_f32.cpp's QuantPack
     _fields_ = [("q", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("K", ctypes.c_int), ("group", ctypes.c_int),
                 ("k0", ctypes.c_int), ("bits", ctypes.c_int)]
@@ -167,7 +161,10 @@ class QuantizedWeight:
             raise ValueError(f"x of shape {tuple(x.shape)}; this weight takes (rows, {self.k})")
         if bias is not None and len(self.leaves) > 2:
             raise ValueError("a row-parallel layer with a bias is not supported")
-        if not self.fast or kernel_library(x.dtype) is None:
+        # gemm_quant_* of the library of x's dtype's chains (AVX-512 for float32, AVX512_BF16 with it
+        # for bfloat16, where the kernels are built); without it, PyTorch's product
+        lib = chain_library(x.dtype) if self.fast else None
+        if lib is None:
             return self._reference(x, bias)
         x = x if x.stride(1) == 1 else x.contiguous()
         y = torch.empty(x.shape[0], self.n, dtype=x.dtype)
@@ -177,7 +174,7 @@ class QuantizedWeight:
         b = None if bias is None else bias.detach().float().contiguous()
         name = "f32" if x.dtype == torch.float32 else "bf16"
         with build.profiled(f"nano_engine::gemm_quant_{name}"):
-            getattr(kernel_library(x.dtype), f"gemm_quant_{name}")(
+            getattr(lib, f"gemm_quant_{name}")(
                 x.data_ptr(), x.stride(0), addresses, bounds, len(self.packs), y.data_ptr(), self.n,
                 None if b is None else b.data_ptr(), x.shape[0], self.n, torch.get_num_threads())
         return y

@@ -11,11 +11,11 @@ import torch
 
 from nano_engine import LLMEngine, SamplingParams, Transformer, generate
 from nano_engine.kernels import linear as linear_kernels
-from nano_engine.kernels.linear import PackedLeaves, PackedWeight, packed_kind
+from nano_engine.kernels.linear import PackedLeaves, PackedWeight, chain_library, packed_kind
 from nano_engine.lab.experiments import identity_check
 from nano_engine.models.loading import chat_prompt_ids, load_tokenizer
 from nano_engine.parallel.split import Tree, bounds
-from nano_engine.quantization import (QuantizedWeight, dequantize, int_values, kernel_library, pack_int4, quantize,
+from nano_engine.quantization import (QuantizedWeight, dequantize, int_values, pack_int4, quantize,
                                       unpack_int4)
 from nano_engine.serving.launcher import ServerProcess
 from nano_engine.tiny import tiny_model
@@ -23,7 +23,7 @@ from nano_engine.tiny import tiny_model
 
 
 def kernel(dtype) -> bool:  # csrc/gemm_f32.cpp's gemm_quant_* runs here; else F.linear on the dequantized weight
-    return kernel_library(dtype) is not None
+    return chain_library(dtype) is not None
 
 
 def test_int8_has_a_scale_per_row_that_takes_its_largest_magnitude_to_127():
@@ -199,7 +199,7 @@ def test_without_the_kernel_pytorchs_product_runs_and_the_engine_still_equals_ge
     each rounded and summed in the tree, as the kernel would; the tokens stay generate's."""
     import nano_engine.quantization as quantization
 
-    monkeypatch.setattr(quantization, "kernel_library", lambda dtype: None)
+    monkeypatch.setattr(quantization, "chain_library", lambda dtype: None)
     model = tiny_model(seed=8, dtype=dtype, eos_token_id=63).quantize("int4")
     layer = model.model.layers[0].mlp.down_proj
     x = torch.randn(5, layer.in_features).to(dtype)

@@ -193,7 +193,7 @@ def make_plan(model) -> Plan | None:
         kinds |= {p.kind for p in packs}
         if not kinds <= GEMMS.keys() | set(QUANTIZED):  # a weight no gemm here takes: layer by layer
             return None
-        if kinds & set(QUANTIZED) and _linear.chain_library(dtype) is None:  # quantization.kernel_library's
+        if kinds & set(QUANTIZED) and _linear.chain_library(dtype) is None:  # QuantizedWeight.gemm's kernels
             return None
         eps |= {block.input_layernorm.eps, block.post_attention_layernorm.eps}
         bias = None
