@@ -17,8 +17,9 @@ OURS = [dt for dt in (torch.float32, torch.bfloat16) if packed_kind(dt) in ("f32
 
 
 def biased_model(dtype) -> Transformer:
-    """A tiny Qwen2-shaped model: a bias on q, k and v (the one bias the decoder adds)."""
-    cfg = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+    """A tiny Qwen2-shaped model: a bias on q, k and v (the one bias the decoder adds). Each part of
+    o_proj and down_proj is 32 or 64 deep, so that AMX's packs need no padding (the decoder takes none)."""
+    cfg = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, attention_bias=True,
                       model_type="qwen2")
     gen = torch.Generator().manual_seed(0)
@@ -68,7 +69,8 @@ def test_one_call_gives_every_bit_of_the_layer_by_layer_path(dtype, embedded, mo
         model = biased_model(torch.float32) if dtype == torch.float32 else None
         assert model is None or decoder.make_plan(model) is None
         return
-    for model in (embedded[dtype], biased_model(dtype), tiny_model(seed=4, dtype=dtype, qk_norm=True).fuse().prepack()):
+    qwen3 = tiny_model(seed=4, dtype=dtype, qk_norm=True, num_key_value_heads=1)  # (one part of 32: see above)
+    for model in (embedded[dtype], biased_model(dtype), qwen3.fuse().prepack()):
         fast, fast_cache = two_steps(model)
         assert isinstance(model._decoder, decoder.Plan)  # it ran
         slow, slow_cache = layer_by_layer(model, monkeypatch)

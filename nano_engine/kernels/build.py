@@ -26,6 +26,13 @@ CSRC = pathlib.Path(__file__).with_name("csrc")
 # -ffp-contract=off: a multiply and an add stay two roundings unless the source asks for a fused
 # multiply-add, so the kernels' arithmetic is what their source says on every instruction set.
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+# NANO_ENGINE_EMULATE_AMX=1, for the tests on a CPU with AVX512_BF16 and no AMX: the AMX kernels are
+# built and run on a software model of the tiles (csrc/amx.h), as if the CPU had them. Read once,
+# at import; slow, and its bits are the model's, not a CPU's: never for serving.
+EMULATE_AMX = os.environ.get("NANO_ENGINE_EMULATE_AMX") == "1"
+AMX_FEATURES = {"amx_tile", "amx_bf16"}
+if EMULATE_AMX:
+    FLAGS = [*FLAGS, "-DNANO_AMX_EMULATE"]
 _loaded: dict[pathlib.Path, ctypes.CDLL] = {}
 _lock = threading.Lock()
 
@@ -59,8 +66,12 @@ def _flags_line() -> str | None:
 
 
 def cpu_features() -> set[str]:
-    """The CPU's feature names as /proc/cpuinfo lists them (amx_tile, avx512f, ...); empty elsewhere."""
-    return set((_flags_line() or "").split()[2:])
+    """The CPU's feature names as /proc/cpuinfo lists them (amx_tile, avx512f, ...); empty elsewhere.
+    With EMULATE_AMX, a CPU with AVX512_BF16 also has AMX's."""
+    features = set((_flags_line() or "").split()[2:])
+    if EMULATE_AMX and "avx512_bf16" in features:
+        features |= AMX_FEATURES
+    return features
 
 
 def _cpu_id() -> str:

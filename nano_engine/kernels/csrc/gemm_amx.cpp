@@ -13,12 +13,14 @@
 // N and K are padded with zeros to multiples of 32 (a zero product leaves an fp32 sum unchanged).
 //
 // Built by kernels/build.py with -march=native: on a CPU without AMX the functions are stubs and
-// amx_available() says 0 (kernels/linear.py then keeps its oneDNN path).
+// amx_available() says 0 (kernels/linear.py then keeps its other paths), unless the build emulates
+// the tiles for the tests (amx.h).
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#include "amx.h"
+#include "amx.h"  // defines NANO_AMX where tiles (or their emulation) are there
+
+#ifdef NANO_AMX
 
 namespace {
 

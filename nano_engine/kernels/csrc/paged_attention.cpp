@@ -33,10 +33,7 @@
 
 #include "simd.h"
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#define NANO_AMX 1
-#include "amx.h"
-#endif
+#include "amx.h"  // defines NANO_AMX where tiles (or their emulation, for the tests) are there
 
 namespace {
 
