@@ -51,6 +51,7 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from nano_engine import Transformer, generate  # noqa: E402
 from nano_engine import mini_llm  # noqa: E402
+from nano_engine.kernels import build as kernel_build  # noqa: E402
 from nano_engine.kernels.linear import can_prepack  # noqa: E402
 from nano_engine.kernels.linear import ONEDNN_FP32, float32_path  # noqa: E402
 from nano_engine.kernels.paged_attention import resolve_backend  # noqa: E402
@@ -85,8 +86,9 @@ def cpu_name() -> str:
 
 def reference(model: Transformer, w: Workload, fresh: bool, attention_backend: str) -> list[list[int]]:
     """Each request alone through mini_llm.generate. Cached per request, in a file per machine,
-    torch version, dtype, weight format (packed, quantized) and every source that can change a bit
-    (the model, attention, sampling, quantization, the kernels), so that later runs and subsets reuse it."""
+    torch version, dtype, weight format (packed, quantized) and everything that can change a bit (the
+    sources of the model, attention, sampling, quantization and the kernels, and the kernels' build
+    flags), so that later runs and subsets reuse it."""
     package = Path(mini_llm.__file__).parent
     sources = sorted([package / "mini_llm.py", package / "attention.py", package / "sampling.py",
                       package / "quantization.py",
@@ -94,7 +96,7 @@ def reference(model: Transformer, w: Workload, fresh: bool, attention_backend: s
                       *(package / "kernels").rglob("*.h")])
     code = hashlib.sha256(b"".join(f.read_bytes() for f in sources)).hexdigest()
     env = json.dumps([str(model.dtype), torch.__version__, ONEDNN_FP32, cpu_name(), torch.get_num_threads(),
-                      code, getattr(model, "name_or_path", ""), attention_backend]
+                      code, kernel_build.FLAGS, getattr(model, "name_or_path", ""), attention_backend]
                      + (["prepacked"] if model.prepacked else [])
                      + ([f"quantization={model.quantization}"] if model.quantization else []))
     path = CACHE / f"reference-{hashlib.sha256(env.encode()).hexdigest()[:16]}.json"

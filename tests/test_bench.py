@@ -158,6 +158,18 @@ def test_quantized_rows_are_checked_against_generate_on_their_own_weights(tmp_pa
     assert bench_run.reference_of(type("Peer", (), {"dtype": "float32"})(), refs) == plain_ref
 
 
+def test_the_cached_references_are_kept_apart_by_the_kernels_build_flags(tmp_path, monkeypatch):
+    """A kernel built otherwise (NANO_ENGINE_EMULATE_AMX=1 adds a flag) may give other bits: its
+    references go into a file of their own instead of being taken from the other build's."""
+    monkeypatch.setattr(bench_run, "CACHE", tmp_path)
+    w = workloads.Workload("t", "", (Req((3, 5, 7), 4, True),))
+    model = tiny_model(seed=2, dtype=torch.float32)
+    first = bench_run.reference(model, w, False, "torch")
+    monkeypatch.setattr(bench_run.kernel_build, "FLAGS", [*bench_run.kernel_build.FLAGS, "-DNANO_AMX_EMULATE"])
+    assert bench_run.reference(model, w, False, "torch") == first
+    assert len(list(tmp_path.glob("reference-*.json"))) == 2
+
+
 def test_an_unknown_quantization_is_refused_by_name():
     assert bench_run.quantization_list("int8,int4") == ["int8", "int4"]
     with pytest.raises(Exception, match="fp3"):
