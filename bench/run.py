@@ -53,7 +53,8 @@ from nano_engine import Transformer, generate  # noqa: E402
 from nano_engine import mini_llm  # noqa: E402
 from nano_engine.kernels import build as kernel_build  # noqa: E402
 from nano_engine.kernels.linear import can_prepack  # noqa: E402
-from nano_engine.kernels.linear import ONEDNN_FP32, float32_path  # noqa: E402
+from nano_engine.kernels.linear import ONEDNN_FP32, bfloat16_path, float32_path  # noqa: E402
+from nano_engine.kernels.paged_attention import bfloat16_path as bfloat16_attention  # noqa: E402
 from nano_engine.kernels.paged_attention import resolve_backend  # noqa: E402
 from nano_engine.quantization import METHODS as QUANTIZATION_METHODS  # noqa: E402
 
@@ -82,6 +83,9 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown CPU"
+
+
+ATTENTION_PATHS = {"amx": "AMX tiles", "dot": "AVX512_BF16 dot products", "vector": "the float32 vector code"}
 
 
 def reference(model: Transformer, w: Workload, fresh: bool, attention_backend: str) -> list[list[int]]:
@@ -405,10 +409,14 @@ def main(argv=None) -> int:
               for dt in dtypes}
     for method in args.quantization:  # the same weights, quantized (its layers always read the integers)
         models.update({f"{dt} {method}": Transformer.from_pretrained(dtype=dt).quantize(method) for dt in dtypes})
+    c = args.attention_backend == "c"
     print(f"# nano_engine benchmark\n{cpu_name()}, {os.cpu_count()} cores, {threads} threads, torch "
           f"{torch.__version__}, float32 matmuls via {float32_path(args.prepack)}, "
-          f"attention {args.attention_backend}{' (the C++ kernel)' if args.attention_backend == 'c' else ''}, "
-          f"load average {os.getloadavg()[0]:.1f} at start")
+          + (f"bfloat16 matmuls via {bfloat16_path(args.prepack)}, " if "bfloat16" in dtypes else "")
+          + f"attention {args.attention_backend}{' (the C++ kernel)' if c else ''}"
+          + (f", bfloat16 attention on {ATTENTION_PATHS[bfloat16_attention()]}" if c and "bfloat16" in dtypes else "")
+          + f", load average {os.getloadavg()[0]:.1f} at start"
+          + ("; AMX EMULATED in software (NANO_ENGINE_EMULATE_AMX=1): no timing here is a CPU's" if kernel_build.EMULATE_AMX else ""))
     if args.quantization:
         print(f"quantized rows ({', '.join(args.quantization)}): nano_engine on Transformer.quantize's weights, checked "
               "against generate on the same weights; the peers run the unquantized model (vLLM CPU 0.32 has no "

@@ -143,6 +143,16 @@ def float32_path(prepacked: bool) -> str:
     return "oneDNN" if ONEDNN_FP32 else "MKL/BLAS"
 
 
+def bfloat16_path(prepacked: bool) -> str:
+    """Which kernel a bfloat16 model's matmuls run on here, in words (for benchmark headers)."""
+    kind = packed_kind(torch.bfloat16) if prepacked else None
+    if kind == "amx":
+        return "our AMX kernel on packed weights"
+    if kind == "bf16_dot":
+        return "our AVX512_BF16 kernel on packed weights"
+    return "oneDNN"
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            packed: "PackedWeight | None" = None) -> torch.Tensor:
     """x @ weight.T + bias, on the fastest kernel that gives every row what it would get alone.
