@@ -409,14 +409,14 @@ def main(argv=None) -> int:
               for dt in dtypes}
     for method in args.quantization:  # the same weights, quantized (its layers always read the integers)
         models.update({f"{dt} {method}": Transformer.from_pretrained(dtype=dt).quantize(method) for dt in dtypes})
-    c = args.attention_backend == "c"
+    c, bf16 = args.attention_backend == "c", "bfloat16" in dtypes
+    emulated = "; AMX EMULATED in software (NANO_ENGINE_EMULATE_AMX=1): no timing here is a CPU's"
     print(f"# nano_engine benchmark\n{cpu_name()}, {os.cpu_count()} cores, {threads} threads, torch "
           f"{torch.__version__}, float32 matmuls via {float32_path(args.prepack)}, "
-          + (f"bfloat16 matmuls via {bfloat16_path(args.prepack)}, " if "bfloat16" in dtypes else "")
+          + (f"bfloat16 matmuls via {bfloat16_path(args.prepack)}, " if bf16 else "")
           + f"attention {args.attention_backend}{' (the C++ kernel)' if c else ''}"
-          + (f", bfloat16 attention on {ATTENTION_PATHS[bfloat16_attention()]}" if c and "bfloat16" in dtypes else "")
-          + f", load average {os.getloadavg()[0]:.1f} at start"
-          + ("; AMX EMULATED in software (NANO_ENGINE_EMULATE_AMX=1): no timing here is a CPU's" if kernel_build.EMULATE_AMX else ""))
+          + (f", bfloat16 attention on {ATTENTION_PATHS[bfloat16_attention()]}" if c and bf16 else "")
+          + f", load average {os.getloadavg()[0]:.1f} at start" + (emulated if kernel_build.EMULATE_AMX else ""))
     if args.quantization:
         print(f"quantized rows ({', '.join(args.quantization)}): nano_engine on Transformer.quantize's weights, checked "
               "against generate on the same weights; the peers run the unquantized model (vLLM CPU 0.32 has no "

@@ -18,9 +18,13 @@ from nano_engine.kernels import build
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EMULATED = {**os.environ, "NANO_ENGINE_EMULATE_AMX": "1"}
-# The bfloat16 tests of the kernels AMX replaces: on the model, each takes the AMX path.
+# The bfloat16 tests of the kernels AMX replaces: on the model, each takes the AMX path. Left out
+# for time (the model is slower than the hardware): the identity check on the embedded model over
+# every scheduling setting (47 s here; the logprobs test runs the engine on it under four settings).
+# The whole suite passes on the model too: NANO_ENGINE_EMULATE_AMX=1 make test.
 TESTS = ["tests/test_linear_kernels.py", "tests/test_kernels.py", "tests/test_decoder.py"]
-SELECTION = "(bfloat16 or amx) and not bf16_dot and not avx2_and_plain and not builds_for"
+SELECTION = ("(bfloat16 or amx) and not bf16_dot and not avx2_and_plain and not builds_for "
+             "and not engine_on_packed_weights")
 
 PATHS = """
 import torch

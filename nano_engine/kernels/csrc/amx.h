@@ -82,7 +82,8 @@ inline void load(int t, const void *base, long stride) {  // rows past the confi
     const __mmask64 m = bytes(s.colsb[t]);
     for (int r = 0; r < 16; r++) {
         const char *row = static_cast<const char *>(base) + r * stride;
-        _mm512_store_si512(s.data[t] + 64 * r, r < s.rows[t] ? _mm512_maskz_loadu_epi8(m, row) : _mm512_setzero_si512());
+        const __m512i v = r < s.rows[t] ? _mm512_maskz_loadu_epi8(m, row) : _mm512_setzero_si512();
+        _mm512_store_si512(s.data[t] + 64 * r, v);
     }
 }
 
@@ -99,7 +100,8 @@ inline __m512 widen(__m512i pairs, bool odd) {
     const __m512i x = odd ? _mm512_and_si512(pairs, _mm512_set1_epi32(static_cast<int>(0xffff0000u)))
                           : _mm512_slli_epi32(pairs, 16);
     const __mmask16 tiny = _mm512_testn_epi32_mask(x, _mm512_set1_epi32(0x7f800000));  // no exponent bit set
-    return _mm512_castsi512_ps(_mm512_mask_and_epi32(x, tiny, x, _mm512_set1_epi32(static_cast<int>(0x80000000u))));
+    const __m512i sign = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+    return _mm512_castsi512_ps(_mm512_mask_and_epi32(x, tiny, x, sign));
 }
 
 inline __m512 flush(__m512 x) {  // a denormal sum becomes a zero of its sign
