@@ -4,7 +4,9 @@ count or the instruction set; generate() with the same backend and the engine gi
 input it cannot read, a dtype it cannot run and a failed build are refused with what to do."""
 
 import ctypes
+import fnmatch
 import subprocess
+import tomllib
 
 import pytest
 import torch
@@ -144,6 +146,15 @@ def test_the_avx2_and_plain_builds_give_this_cpus_bits(tmp_path):
                 outs[name] = out
             for name in variants:
                 assert torch.equal(outs[name], outs["native"]), (name, dtype, hd)
+
+
+def test_an_installed_package_ships_every_kernel_source_and_header():
+    """pip install without -e copies only the package data that pyproject.toml names: a header left
+    out there (simd.h, amx.h) would leave every kernel unbuildable on the user's machine."""
+    pyproject = tomllib.loads((kernel_build.CSRC.parents[2] / "pyproject.toml").read_text())
+    shipped = pyproject["tool"]["setuptools"]["package-data"]["nano_engine.kernels"]
+    for path in kernel_build.CSRC.iterdir():
+        assert any(fnmatch.fnmatch(f"csrc/{path.name}", pattern) for pattern in shipped), path.name
 
 
 @pytest.mark.parametrize("source", sorted(kernel_build.CSRC.glob("*.cpp")), ids=lambda p: p.name)
