@@ -161,8 +161,8 @@ class QuantizedWeight:
             raise ValueError(f"x of shape {tuple(x.shape)}; this weight takes (rows, {self.k})")
         if bias is not None and len(self.leaves) > 2:
             raise ValueError("a row-parallel layer with a bias is not supported")
-        # gemm_quant_* of the library of x's dtype's chains (AVX-512 for float32, AVX512_BF16 with it
-        # for bfloat16, where the kernels are built); without it, PyTorch's product
+        # gemm_quant_* where the kernels for x's dtype are built (AVX-512 for float32, AVX512_BF16 too
+        # for bfloat16); else PyTorch's product
         lib = chain_library(x.dtype) if self.fast else None
         if lib is None:
             return self._reference(x, bias)

@@ -30,7 +30,7 @@ FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-f
 # built and run on a software model of the tiles (csrc/amx.h), as if the CPU had them. Read once,
 # at import; slow, and its bits are the model's, not a CPU's: never for serving.
 EMULATE_AMX = os.environ.get("NANO_ENGINE_EMULATE_AMX") == "1"
-AMX_FEATURES = {"amx_tile", "amx_bf16"}
+AMX_FEATURES = {"amx_tile", "amx_bf16"}  # what the AMX kernels need of /proc/cpuinfo, besides avx512_bf16
 if EMULATE_AMX:
     FLAGS = [*FLAGS, "-DNANO_AMX_EMULATE"]
 _loaded: dict[pathlib.Path, ctypes.CDLL] = {}

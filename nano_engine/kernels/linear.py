@@ -78,7 +78,7 @@ def _declare_amx(lib: ctypes.CDLL) -> None:
 @functools.cache
 def amx_library() -> ctypes.CDLL | None:
     """The AMX bfloat16 kernel, built for this CPU, if the CPU has AMX and the OS lets us use it."""
-    lib = build.load_if(AMX_SOURCE, {"amx_tile", "amx_bf16", "avx512_bf16"}, _declare_amx)
+    lib = build.load_if(AMX_SOURCE, build.AMX_FEATURES | {"avx512_bf16"}, _declare_amx)
     return lib if lib is not None and lib.amx_available() else None
 
 
