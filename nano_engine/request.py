@@ -38,7 +38,7 @@ class SamplingParams:
     max_tokens: int = 64
     temperature: float = 0.0  # below SAMPLING_EPS = greedy
     top_p: float = 1.0  # 1 = no nucleus cut
-    top_k: int = 0  # 0 = no limit
+    top_k: int = 0  # 0 = no limit; -1 is read as 0, as vLLM quietly does
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
@@ -79,7 +79,8 @@ class SamplingParams:
         put("max_tokens", checks.integer("max_tokens", self.max_tokens, minimum=1))
         put("temperature", checks.number("temperature", self.temperature, minimum=0))
         put("top_p", checks.number("top_p", self.top_p, minimum=0, maximum=1, exclusive_minimum=True))
-        put("top_k", checks.integer("top_k", self.top_k, minimum=0))
+        top_k = checks.integer("top_k", self.top_k, minimum=-1)
+        put("top_k", 0 if top_k == -1 else top_k)
         if self.seed is not None:
             put("seed", checks.integer("seed", self.seed, minimum=SEED_MIN, maximum=SEED_MAX))
         stops = checks.token_ids("stop_token_ids", self.stop_token_ids)

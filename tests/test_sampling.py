@@ -133,6 +133,13 @@ def test_top_p_of_one_and_the_defaults_filter_nothing_and_temperature_0_is_greed
     assert distribution(torch.tensor([1.0, 3.0, 3.0], dtype=torch.float64), 0.0).tolist() == [0.0, 1.0, 0.0]
 
 
+def test_top_k_minus_one_means_no_limit_as_in_vllm():
+    """Code written for vLLM passes -1 for "no limit" (vLLM reads it as 0); below that is refused."""
+    assert SamplingParams(top_k=-1) == SamplingParams(top_k=0)
+    with pytest.raises(ValueError, match="top_k=-2"):
+        SamplingParams(top_k=-2)
+
+
 def test_penalties_are_exact_in_float64_logits():
     x = torch.tensor([[2.0, -1.0, 0.5]], dtype=torch.float64)
     # 0.1 x count is exact in float64, not in float32.

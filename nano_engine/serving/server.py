@@ -251,7 +251,6 @@ class OpenAIServing:
                            f"requested {num_prompt + max_tokens} tokens ({num_prompt} in the {prompt_param}, "
                            f"{max_tokens} in the completion). Please reduce the length of the {prompt_param} "
                            f"or {max_param}.", max_param)
-        top_k = req.top_k if req.top_k is not None else 0
         structured, structured_param = structured_outputs(req)
         prompt_logprobs = req.prompt_logprobs
         if prompt_logprobs is None and not chat and req.echo and req.logprobs is not None:
@@ -259,7 +258,7 @@ class OpenAIServing:
         try:
             params = SamplingParams(
                 max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
-                top_p=1.0 if req.top_p is None else req.top_p, top_k=0 if top_k == -1 else top_k,
+                top_p=1.0 if req.top_p is None else req.top_p, top_k=_or(req.top_k, 0),
                 seed=req.seed, stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos,
                 min_p=_or(req.min_p, 0.0), repetition_penalty=_or(req.repetition_penalty, 1.0),
                 presence_penalty=_or(req.presence_penalty, 0.0), frequency_penalty=_or(req.frequency_penalty, 0.0),
