@@ -15,7 +15,7 @@ evicted least-recently-freed first.
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -115,11 +115,18 @@ class BlockPool:
         it loses nothing, so it is reused before any cached block is evicted (vLLM's
         `BlockPool.free_blocks`). Pass a request's blocks in reverse order, as vLLM does: its tail
         blocks (least likely to be shared by another prompt) are then evicted before its head.
+
+        A call that would drop a block below zero holders (a free block, or one named more often than
+        it is held) raises before it changes anything: a double free would hand one block to two
+        requests, and a half-done free would lose blocks.
         """
+        block_ids = list(block_ids)  # it may be an iterator (reversed(...)): read once
+        for b, times in Counter(block_ids).items():
+            if self.ref_count[b] < times:
+                raise RuntimeError(f"block {b} freed more often than it was allocated: {times} time(s) here, "
+                                   f"held {self.ref_count[b]} time(s); nothing was freed")
         unnamed = []
         for b in block_ids:
-            if self.ref_count[b] <= 0:
-                raise RuntimeError(f"block {b} freed more often than it was allocated")
             self.ref_count[b] -= 1
             if self.ref_count[b] == 0:
                 if self.block_hash[b] is None:

@@ -13,6 +13,7 @@ change, and compares outputs with single-request generation and decisions with t
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 from nano_engine import LLMEngine, SamplingParams, Scheduler, generate
 from nano_engine.paged import BlockPool, block_hashes
@@ -133,8 +134,14 @@ def _hint(op: str, kind: str, before: dict, want_err, got_err, pool, ref_pool) -
                     "self.block_hash[b] = None), or a later lookup finds a block whose KV was overwritten")
     if verb == "free":
         if kind == "ref counts" and "reversed(" in op and list(pool.ref_count) == before["ref counts"]:
-            return ("free was given an iterator, reversed(...), and dropped no reference: go through block_ids "
-                    "ONCE; a second loop over an iterator (after a first one that checks the counts) finds it empty")
+            return ("free was given an iterator, reversed(...), and dropped no reference: a second loop over an "
+                    "iterator (after a first one that checks the counts) finds it empty; make a list of it first")
+        if want_err is not None and kind != "error":
+            return ("a free that raises must change nothing: check the whole call first, counting repeats (a "
+                    "block named twice needs two references), and only then drop references")
+        if kind == "error" and want_err is not None and " + " in op:
+            return ("this call names a block more often than it is held: it must raise RuntimeError and change "
+                    "nothing. Check the whole call first (count each block's repeats against its reference count)")
         if kind == "error" and want_err is not None:
             return ("freeing a block whose reference count is already 0 must raise RuntimeError: a double free "
                     "would put it in the free queue twice and hand it to two requests")
@@ -172,8 +179,9 @@ def _hint(op: str, kind: str, before: dict, want_err, got_err, pool, ref_pool) -
         if kind == "ref counts":
             return "touch takes one more reference to each block: self.ref_count[b] += 1"
         if kind == "free queue (next out first)":
-            return ("a touched block that was free (count 0) must leave the free queue (del self.free_queue[b]), or "
-                    "allocate would hand it to another request while it is in use")
+            return ("a touched block that was free (count 0), whether it holds a prefix or not, must leave the "
+                    "free queue (del self.free_queue[b]), or allocate would hand it to another request while it "
+                    "is in use")
     if kind == "num_free":
         return "num_free is the number of blocks in the free queue: len(self.free_queue)"
     if verb == "lookup":
@@ -200,7 +208,10 @@ def _operations() -> list[tuple]:
             *[("cache", k, m, f) for k in ks for m in ms for f in range(3)],  # name m blocks as family f's
             *[("hit", m, k) for k in ks for m in ms] * 2,  # look up a family named before, touch the hit
             *[("share", k, m) for k in ks for m in ms],  # another request takes a held group's first m blocks
-            *[("free_again", k) for k in ks] * 3]  # a double free of a group given back before
+            *[("free_again", k) for k in ks] * 3,  # a double free of a group given back before
+            *[("free_twice", k) for k in ks],  # a held group named twice in one call
+            *[("free_with", k, j) for k in ks for j in range(2)],  # a held group and one given back, in one call
+            *[("touch_free", k) for k in ks] * 2]  # a group given back, taken again (named or not)
 
 
 def pool_scripts():
@@ -242,11 +253,27 @@ def script_of(num_blocks: int, ops) -> list[str]:
                 out += [f"{name} = lookup(hashes({tokens}))", f"touch({name})"]
                 pool.touch(hit)
                 held.append((name, hit))
-        elif kind == "free_again":
+        elif kind in ("free_again", "free_twice", "free_with"):  # only where it is one
+            groups = dropped if kind == "free_again" else held
+            if groups and (kind != "free_with" or dropped):
+                expr, blocks = groups[args[0] % len(groups)]
+                if kind == "free_twice":
+                    expr, blocks = f"{expr} + {expr}", blocks + blocks
+                elif kind == "free_with":
+                    other, more = dropped[-1]
+                    expr, blocks = (f"{expr} + {other}", blocks + more) if args[1] else (f"{other} + {expr}",
+                                                                                         more + blocks)
+                if any(pool.ref_count[b] < n for b, n in Counter(blocks).items()):
+                    out.append(f"free({expr})")  # it raises, and every pool must be left as it was
+        elif kind == "touch_free":
             if dropped:
-                expr, blocks = dropped[args[0] % len(dropped)]
-                if pool.ref_count[blocks[0]] == 0:  # it raises before it changes anything
-                    out.append(f"free({expr})")
+                i = args[0] % len(dropped)
+                expr, blocks = dropped[i]
+                if all(pool.ref_count[b] == 0 for b in blocks):  # every block still free (maybe reused since)
+                    del dropped[i]
+                    out.append(f"touch({expr})")
+                    pool.touch(blocks)
+                    held.append((expr, blocks))
         elif held:
             i = args[0] % len(held)
             expr, blocks = held[i]

@@ -20,6 +20,14 @@ def test_allocate_and_free_with_reference_counts():
     assert pool.num_free == 4
     with pytest.raises(RuntimeError, match="freed more often"):
         pool.free([a[0]])
+    # A call that names a block more often than it is held changes nothing, not even the blocks before it
+    b = pool.allocate(2)
+    for bad in ([b[0], b[1], b[1]], [b[0], a[0]]):
+        with pytest.raises(RuntimeError, match=f"block {bad[-1]} freed more often"):
+            pool.free(iter(bad))
+        assert pool.num_free == 2 and [pool.ref_count[x] for x in b] == [1, 1]
+        pool.check()
+    pool.free(reversed(b))
     with pytest.raises(ValueError, match="only 4 free"):
         pool.allocate(5)
     pool.check()

@@ -46,7 +46,8 @@ class BlockPool(BaseBlockPool):
           until allocate reuses it;
         - it holds none: at the FRONT (reusing it loses nothing), in the order given: the first of
           them is handed out first (q.move_to_end(b, last=False) puts b at the front).
-        Freeing a block whose count is already 0 raises RuntimeError.
+        A call that would drop a block below 0 (already free, or named more often than it is held)
+        raises RuntimeError and changes nothing: check the whole call first.
         """
         raise NotImplementedError
 

@@ -8,7 +8,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from model_127 import BlockPool as Model  # noqa: E402
 
-EXPECTED_HINT = "go through block_ids ONCE"
+EXPECTED_HINT = "make a list of it first"
 
 
 class BlockPool(Model):

@@ -25,10 +25,12 @@ class BlockPool(BaseBlockPool):
         return ids
 
     def free(self, block_ids):
+        block_ids = list(block_ids)
+        for b in set(block_ids):
+            if block_ids.count(b) > self.ref_count[b]:
+                raise RuntimeError(f"block {b} is freed more often than it is held")
         front = []
         for b in block_ids:
-            if self.ref_count[b] == 0:
-                raise RuntimeError(f"block {b} is already free")
             self.ref_count[b] -= 1
             if self.ref_count[b] == 0:
                 if self.block_hash[b] is None:
