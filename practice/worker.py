@@ -74,7 +74,10 @@ def _learner_frames(exc: BaseException, learner_file: str) -> list[traceback.Fra
 def explain_exception(exc: BaseException, learner_file: str) -> tuple[str, list[str]]:
     """(status, lines) for an exception: not attempted, or a runtime error with the learner's frames."""
     frames = _learner_frames(exc, learner_file)
-    if isinstance(exc, NotImplementedError) and frames:
+    # Not attempted: the learner's own `raise NotImplementedError` (the starter's). torch raises it too, for
+    # an operation a dtype lacks (bincount of floats): that is a runtime error on the learner's line.
+    own = frames and (frames[-1].line or "").startswith("raise NotImplementedError")
+    if isinstance(exc, NotImplementedError) and own:
         return "not attempted", [f"{frames[-1].name}() raises NotImplementedError"]
     if isinstance(exc, SyntaxError):  # the file never ran: where it does not parse, not a traceback
         kind = "syntax error" if type(exc) is SyntaxError else f"syntax error ({type(exc).__name__})"

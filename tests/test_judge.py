@@ -173,6 +173,19 @@ def test_exception_is_a_runtime_error_with_the_learners_traceback():
     assert "judge.py" not in text and "scenarios.py" not in text  # only the learner's own frames
 
 
+def test_a_not_implemented_error_from_torch_is_a_runtime_error(tmp_path):
+    """torch raises NotImplementedError where a dtype lacks an operation (bincount of floats): the learner
+    did attempt the exercise, so it is a runtime error on their line, not "not attempted"."""
+    solution = tmp_path / "bincount.py"
+    solution.write_text((MUTANTS / "model_136.py").read_text().replace(
+        "    out = logits.clone()\n", "    out = logits.clone()\n    torch.bincount(torch.tensor([1.0]))\n"))
+    result = grade(136, solution, exitfirst=True)
+    case = next(c for c in result.cases if c.status != "pass")
+    text = "\n".join(case.format())
+    assert case.status == "fail" and "runtime error: NotImplementedError" in text, text
+    assert "torch.bincount(torch.tensor([1.0]))" in text
+
+
 def test_a_syntax_error_is_reported_once_with_its_line(tmp_path):
     broken = tmp_path / "broken.py"
     broken.write_text("import math\n\nclass Scheduler(\n")

@@ -114,7 +114,10 @@ def _cases(draw):
         if q is None:
             drafts.append(draw(st.integers(0, v - 1)))
         else:
-            drafts.append(draw(st.sampled_from([t for t in range(v) if q[j, t] > 0])))
+            # mostly a token the proposer could give; now and then one it gives probability 0
+            likely = [t for t in range(v) if q[j, t] > 0]
+            pick = st.sampled_from(likely) if draw(st.integers(0, 4)) else st.integers(0, v - 1)
+            drafts.append(draw(pick))
     uniforms = [draw(st.sampled_from([0.0, 0.1, 0.3, 0.5, 0.7, 0.95])) for _ in range(d)]
     return p, drafts, uniforms, q, draw(st.sampled_from([0.1, 0.5, 0.9]))
 
@@ -144,6 +147,10 @@ CASES = [
          hint="p(x) / q(x) = 0.5 / 0.2 = 2.5: above 1, the draft is kept whatever u is"),
     case("a_draft_of_probability_zero_is_never_kept", [[0.0, 0.4, 0.6], [0.5, 0.5, 0.0]], [0], [0.0],
          hint="keep only when u < p / q, strictly: with p(x) = 0 the ratio is 0 and u = 0 is not below it"),
+    case("a_draft_the_proposer_gave_probability_zero_is_never_kept", [[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]], [0],
+         [0.3], [[0.0, 0.4, 0.6]],
+         hint="with q_j(x) = 0 there is no ratio p / q to test (u * q < p would keep it): refuse the draft, as when "
+              "p(x) = 0, and draw from the residual max(0, p - q)"),
     case("greedy_keeps_exactly_the_argmax", [[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]], [1, 0], [0.99, 0.0],
          hint="a greedy p is one-hot on the argmax: the argmax draft is kept (ratio 1 > any u < 1), any other "
               "draft refused and replaced by the argmax"),

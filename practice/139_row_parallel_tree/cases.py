@@ -183,6 +183,9 @@ CASES = [
     case("combine_three_ranks_over_four_leaves", check_combine, 4, 3, 14),
     case("combine_three_ranks_over_six_leaves", check_combine, 6, 3, 15),
     case("combine_four_ranks_over_eight_leaves_in_pairs", check_combine, 8, 4, 19),
+    case("combine_four_ranks_over_five_leaves", check_combine, 5, 4, 20,
+         hint="the tree over 5 leaves is not the tree over the 4 partials: combine adds each partial where its node "
+              "sits in the tree of the leaves"),
     case("the_embedded_models_o_proj_at_2_ranks", check_layer, 576, 3, 2, torch.bfloat16, 16),
     case("the_embedded_models_down_proj_at_3_ranks", check_layer, 1536, 3, 3, torch.float32, 17),
     case("eight_kv_heads_at_4_ranks", check_layer, 128, 8, 4, torch.bfloat16, 18),

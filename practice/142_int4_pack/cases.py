@@ -181,10 +181,19 @@ def check_quantize(api, w, g, hint=None):
     _same(call, got_scales, scales, hint_scales, "the scales, float32")
     hint_q = hint or ROUND
     if isinstance(got_q, torch.Tensor) and got_q.shape == q.shape:
-        ratio = w / scales.repeat_interleave(g, dim=1)[:, :w.shape[1]]
+        spread = scales.repeat_interleave(g, dim=1)[:, :w.shape[1]]
+        ratio = w / spread
         if not torch.equal(got_q, q) and torch.equal(got_q.to(torch.int8), ratio.clamp(-8, 7).to(torch.int8)):
             hint_q = ("q is w / scale truncated toward zero (.to(torch.int8) or int() cuts the fraction): round to "
                       "nearest first, torch.round (halves to even), then clamp and convert")
+        elif not torch.equal(got_q, q) and torch.equal(got_q.to(torch.int8), torch.round(
+                w.double() / spread.double()).clamp(-8, 7).to(torch.int8)):
+            hint_q = ("q is w / scale divided in float64: divide in float32 (the weight's dtype), where a quotient "
+                      "that rounds to exactly j + 1/2 goes to the even j; float64 keeps the hair above or below")
+        elif not torch.equal(got_q, q) and torch.equal(got_q.to(torch.int8), torch.round(
+                w * (1 / spread)).clamp(-8, 7).to(torch.int8)):
+            hint_q = ("q is w * (1 / scale): 1 / scale is rounded once more, so w * (1 / scale) can land a hair off "
+                      "j + 1/2 where w / scale is exactly on it; divide, as the statement says")
     _same(call, got_q, q, hint_q, "q, int8")
 
 
@@ -199,16 +208,29 @@ def _groups_of_magnitudes(n, k, g, seed):
     return _w(n, k, seed) * loud
 
 
+def _halves_of_any_scale(n, k, g, gen):
+    """Groups whose scale is no power of two, the other values (j + 1/2) * scale rounded to float32: many of
+    them divide back to exactly j + 1/2 in float32 and not quite in float64, nor times 1 / scale."""
+    groups = -(-k // g)
+    top = (torch.rand(n, groups, generator=gen) + 0.5) * 7  # each group's largest |w|
+    scale = (top / 7).repeat_interleave(g, dim=1)[:, :k]  # the scale that quantize computes
+    w = (torch.randint(-7, 7, (n, k), generator=gen) + 0.5) * scale  # below 7 * scale: top stays the largest
+    w[:, ::g] = top * (torch.randint(0, 2, top.shape, generator=gen) * 2 - 1)
+    return w
+
+
 @st.composite
 def _weights(draw):
     n, k = draw(st.integers(1, 4)), draw(st.integers(1, 48))
     g = draw(st.sampled_from([1, 2, 3, 4, 5, 8, 16, 32, 64]))
     gen = torch.Generator().manual_seed(draw(st.integers(0, 10_000)))
-    kind = draw(st.sampled_from(["normal", "halves", "zeros"]))
+    kind = draw(st.sampled_from(["normal", "halves", "halves_any_scale", "zeros"]))
     e = draw(st.integers(-20, 20))
     if kind == "halves":  # a group whose largest |w| is 7 * 2^e and the rest multiples of 2^e / 2: exact halves
         w = torch.randint(-14, 15, (n, k), generator=gen).float() / 2
         w[:, ::g] = 7.0 * (torch.randint(0, 2, (n, len(range(0, k, g))), generator=gen) * 2 - 1)
+    elif kind == "halves_any_scale":
+        w = _halves_of_any_scale(n, k, g, gen)
     else:
         w = torch.randn(n, k, generator=gen) * (10.0 ** torch.randint(-3, 4, (n, k), generator=gen))
         if kind == "zeros":  # some groups all zeros
@@ -269,6 +291,10 @@ CASES = [
     case("quantize_halves_to_even", check_quantize, HALVES, 8,
          hint="the group's largest |w| is 7, so the scale is 1 and q = round(w): 3.5 -> 4, 2.5 -> 2, -0.5 -> 0, "
               "1.5 -> 2, 0.5 -> 0, -2.5 -> -2, 6.5 -> 6 (halves to even, torch.round)"),
+    case("quantize_divides_in_float32", check_quantize,
+         _halves_of_any_scale(4, 24, 8, torch.Generator().manual_seed(7)), 8,
+         hint="q = round(w / scale) with w / scale one float32 division: here many w / scale are exactly j + 1/2 in "
+              "float32 (halves to even), where w * (1 / scale) or a float64 division gives a hair more or less"),
     case("quantize_a_negative_maximum_to_minus_7", check_quantize, torch.tensor([[-3.0, 1.0, 2.0, -0.5]]), 4,
          hint="the largest magnitude, -3, maps to -7 (scale 3 / 7), not -8: the scale is the largest |w| / 7"),
     case("quantize_a_scale_per_group", check_quantize, _groups_of_magnitudes(3, 16, 4, 2), 4),
