@@ -803,9 +803,11 @@ def app_client(**kw):
     return llm, TestClient(build_app(llm, "m"), raise_server_exceptions=False)
 
 
-def post(client, body):
-    """POST a completion (a body with "prompt") or a chat completion (with "messages")."""
-    return client.post("/v1/chat/completions" if "messages" in body else "/v1/completions", json=body)
+def post(client, body, path=None):
+    """POST a completion (a body with "prompt") or a chat completion (with "messages"), as JSON with
+    every non-ASCII character escaped: a lone surrogate ("\\ud800") goes out as a client may send it."""
+    path = path or ("/v1/chat/completions" if "messages" in body else "/v1/completions")
+    return client.post(path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
 
 
 def events(response) -> list:
@@ -897,6 +899,23 @@ REFUSED = [  # (body, the param named, what the message names)
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages", "messages[0]"),
     ({"messages": [{"role": "user", "content": "x" * 60}]}, "messages", "78"),  # 78 tokens with the template
     ({"messages": [{"role": "user", "content": "break the template"}]}, "messages", "roles must alternate"),
+    # a lone UTF-16 surrogate is no text: no tokenizer reads it, no response could echo it (the model's name is
+    # echoed in a 404, a tool's name in its call)
+    ({"prompt": "a\ud800b"}, "prompt", "surrogate"), ({"prompt": "abc", "model": "m\udfff"}, "model", "surrogate"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud83d"}]}]}, "messages",
+     "messages[0].content[0].text"),
+    ({"messages": HI, "chat_template_kwargs": {"\ud800": 1}}, "chat_template_kwargs", "surrogate"),
+    ({"messages": HI, "response_format": {"type": "json_schema", "json_schema": "x"}}, "response_format", "schema"),
+    ({"messages": HI, "tools": [TOOL], "tool_choice": {"type": "function", "function": "get_weather"}},
+     "tool_choice", "name"),
+    ({"messages": HI, "tool_choice": "required"}, "tool_choice", "tools"),  # vLLM's: tool_choice needs tools
+    ({"messages": HI, "tools": [], "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice",
+     "tools"),
+    ({"prompt": "abc", "stop": ""}, "stop", "empty"),  # as ["a", ""]: not "no stop"
+    # apply_chat_template's own arguments would rewrite the prompt (truncation cuts the messages away)
+    ({"messages": HI, "chat_template_kwargs": {"truncation": True, "max_length": 2}}, "chat_template_kwargs",
+     "max_length"),
+    ({"messages": HI, "chat_template_kwargs": {"padding": "max_length"}}, "chat_template_kwargs", "padding"),
 ]
 
 
@@ -905,6 +924,25 @@ def test_a_refused_request_is_a_400_naming_its_field_and_never_reaches_the_engin
     llm, client = app_client()
     err = error_of(post(client, body), 400)
     assert (err["type"], err["param"]) == ("BadRequestError", param) and named in err["message"], err
+    assert llm.added == []
+
+
+def test_every_error_is_in_openais_shape_and_no_body_is_a_500():
+    """An unknown path, a wrong method and a body that is not JSON answer {"error": {...}} too (a client reads
+    error.message), and a broken body names no field (a character offset is no param); /tokenize and
+    /detokenize refuse a lone surrogate by name instead of failing inside the tokenizer."""
+    llm, client = app_client()
+    for r, status in ((client.get("/v1/nope"), 404), (client.get("/v1/completions"), 405),
+                      (client.post("/v1/completions", content=b"hello", headers={"content-type": "application/json"}),
+                       400)):
+        assert (r.status_code, list(r.json()), r.json()["error"]["code"]) == (status, ["error"], status), r.text
+    assert error_of(client.post("/v1/completions", content=b'{"prompt": "a"', headers={
+        "content-type": "application/json"}), 400)["param"] is None
+    for path, body, param in (("/tokenize", {"prompt": "\ud83d"}, "prompt"),
+                              ("/tokenize", {"messages": [{"role": "user", "content": "\udc00"}]}, "messages"),
+                              ("/detokenize", {"tokens": [1], "model": "m\ud800"}, "model")):
+        err = error_of(post(client, body, path), 400)
+        assert err["param"] == param and "surrogate" in err["message"]
     assert llm.added == []
 
 

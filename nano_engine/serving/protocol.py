@@ -28,12 +28,46 @@ from ..structured import StructuredOutputsParams, parse as structured_parse
 logger = logging.getLogger(__name__)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class FieldError(ValueError):
+    """A refusal from a check of the whole body that knows the field it refuses (validation_error reads it)."""
+
+    def __init__(self, message: str, param: str | None):
+        super().__init__(message)
+        self.param = param
+
+
+class _Text(BaseModel):
+    """Every string of a body must be text: JSON may carry a lone UTF-16 surrogate ("\\ud800"), which no
+    tokenizer reads and no response can echo. Refused first, naming where it is."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_lone_surrogates(cls, data):
+        stack = [((), data)]
+        while stack:  # no recursion: a body may nest deeply
+            path, value = stack.pop()
+            if isinstance(value, str):
+                if _SURROGATE.search(value):
+                    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+                    raise FieldError(f"{where or 'body'} holds a lone UTF-16 surrogate (an escape like \\ud800 "
+                                     f"without its pair): send valid Unicode text", str(path[0]) if path else None)
+            elif isinstance(value, dict):
+                named = [(path + (_SURROGATE.sub("\ufffd", str(k)),), k, v) for k, v in value.items()]  # shown safely
+                stack += [(p, k) for p, k, _ in named] + [(p, v) for p, _, v in named]
+            elif isinstance(value, list):
+                stack += [(path + (i,), v) for i, v in enumerate(value)]
+        return data
+
+
 class StreamOptions(BaseModel):
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
 
-class _Common(BaseModel):
+class _Common(_Text):
     model_config = ConfigDict(extra="allow")
 
     @model_validator(mode="after")
@@ -135,7 +169,7 @@ COMPLETION_MAX_TOKENS = 16
 MAX_N, MAX_CHOICES = 128, 1024
 
 
-class TokenizeRequest(_ChatTemplate):
+class TokenizeRequest(_ChatTemplate, _Text):
     """vLLM's /tokenize body: a prompt (TokenizeCompletionRequest) or chat messages (TokenizeChatRequest)."""
     model_config = ConfigDict(extra="forbid")
 
@@ -146,7 +180,7 @@ class TokenizeRequest(_ChatTemplate):
     return_token_strs: bool = False
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(_Text):
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
@@ -221,6 +255,12 @@ _SAME_FIELD = {"max_tokens", "structured_outputs"}
 def validation_error(errors: list[dict]) -> APIError:
     """A 400 from pydantic's errors: the first one, `param` its top-level field (OpenAI's params are)."""
     first = errors[0]
+    error = (first.get("ctx") or {}).get("error")
+    if isinstance(error, FieldError):
+        return APIError(str(error), error.param)
+    if first.get("type") == "json_invalid":  # its loc is a character offset, not a field
+        return APIError(f"the body is not valid JSON: {first.get('msg', 'invalid')} at character "
+                        f"{first.get('loc', (None, '?'))[-1]}", None)
     loc = [str(x) for x in first.get("loc", ()) if x != "body"]
     param = loc[0] if loc else None
     return APIError(f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid value')}", param)
@@ -230,13 +270,19 @@ def validation_error(errors: list[dict]) -> APIError:
 
 def tool_mode(req) -> str | None:
     """None (no tool is called), "required", or the name of the function the request calls."""
-    if not isinstance(req, ChatCompletionRequest) or not req.tools or req.tool_choice == "none":
+    if not isinstance(req, ChatCompletionRequest) or req.tool_choice in (None, "none", "auto") and not req.tools:
+        return None
+    if not req.tools:  # vLLM's rule: a tool to call needs the tools
+        raise APIError(f"tool_choice={req.tool_choice!r} needs tools: send the functions it may call",
+                       "tool_choice")
+    if req.tool_choice == "none":
         return None
     choice = req.tool_choice or "auto"  # OpenAI's default with tools
     if choice == "required":
         return "required"
     if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name")
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
         if choice.get("type") != "function" or not isinstance(name, str):
             raise APIError(f"tool_choice={choice!r} must be {{'type': 'function', 'function': {{'name': ...}}}}",
                            "tool_choice")
@@ -282,7 +328,8 @@ def structured_outputs(req) -> tuple[StructuredOutputsParams | None, str | None]
         if kind == "json_object":
             asked.append(("response_format", {"json_object": True}))
         elif kind == "json_schema":
-            schema = (fmt.get("json_schema") or {}).get("schema")
+            spec = fmt.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, dict) else None
             if not isinstance(schema, dict):
                 raise APIError("response_format json_schema needs json_schema.schema, a JSON schema object",
                                "response_format")

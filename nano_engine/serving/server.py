@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import functools
 import importlib.metadata
+import inspect
 import json
 import secrets
 import time
@@ -25,6 +26,7 @@ import uuid
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .async_llm import AsyncLLM, EngineDeadError, RequestOutput, RequestStream
 from .protocol import (COMPLETION_MAX_TOKENS, MAX_CHOICES, APIError, ChatCompletionRequest, CompletionRequest,
@@ -42,9 +44,22 @@ except importlib.metadata.PackageNotFoundError:  # run from a source tree that w
 
 # What a message may carry besides role and content, handed to the chat template (tool calls and their results)
 MESSAGE_EXTRAS = {"name", "tool_calls", "tool_call_id", "reasoning_content"}
-# apply_chat_template's own arguments, which chat_template_kwargs may not set
+# apply_chat_template's own arguments, which chat_template_kwargs may not set (they would change how the
+# prompt is made: truncation=True with max_length=2 cuts the messages away); with those of the tokenizer's
+# own signature (template_arguments), whatever its version adds
 TEMPLATE_ARGUMENTS = {"conversation", "messages", "tokenize", "add_generation_prompt", "continue_final_message",
-                      "return_dict", "return_tensors", "tools", "documents", "chat_template", "tokenizer_kwargs"}
+                      "return_dict", "return_tensors", "tools", "documents", "chat_template", "tokenizer_kwargs",
+                      "padding", "truncation", "max_length", "return_assistant_tokens_mask", "sanitize_control_tokens"}
+
+
+def template_arguments(tokenizer) -> set[str]:
+    """The arguments chat_template_kwargs may not set: TEMPLATE_ARGUMENTS and the named parameters of this
+    tokenizer's apply_chat_template."""
+    try:
+        params = inspect.signature(tokenizer.apply_chat_template).parameters.values()
+    except (TypeError, ValueError):  # no signature to read
+        params = ()
+    return TEMPLATE_ARGUMENTS | {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
 
 
 def with_cancellation(handler):
@@ -127,6 +142,7 @@ class OpenAIServing:
         self.llm, self.model_name = llm, model_name
         engine = llm.engine
         self.tokenizer = llm.tokenizer
+        self.template_arguments = template_arguments(self.tokenizer)
         self.max_model_len = engine.model.config.max_position_embeddings
         cache = engine.config.cache_config
         # The most KV slots one request can hold: a default max_tokens must fit them.
@@ -149,7 +165,7 @@ class OpenAIServing:
             raise APIError("add_generation_prompt and continue_final_message cannot both be true: a reply "
                            "either starts or continues the last message", "continue_final_message")
         extra = req.chat_template_kwargs or {}
-        taken = sorted(set(extra) & TEMPLATE_ARGUMENTS)
+        taken = sorted(set(extra) & self.template_arguments)
         if taken:
             raise APIError(f"chat_template_kwargs may not set {taken[0]!r}: the request sets it", "chat_template_kwargs")
         if req.continue_final_message and req.messages[-1].role != "assistant":
@@ -263,7 +279,7 @@ class OpenAIServing:
                 min_p=_or(req.min_p, 0.0), repetition_penalty=_or(req.repetition_penalty, 1.0),
                 presence_penalty=_or(req.presence_penalty, 0.0), frequency_penalty=_or(req.frequency_penalty, 0.0),
                 logit_bias=_logit_bias(req.logit_bias), min_tokens=req.min_tokens, logprobs=_num_logprobs(req),
-                stop=req.stop or (), include_stop_str_in_output=req.include_stop_str_in_output,
+                stop=() if req.stop is None else req.stop, include_stop_str_in_output=req.include_stop_str_in_output,
                 skip_special_tokens=req.skip_special_tokens, bad_words=tuple(req.bad_words or ()),
                 allowed_token_ids=None if req.allowed_token_ids is None else tuple(req.allowed_token_ids),
                 prompt_logprobs=prompt_logprobs, structured_outputs=structured)
@@ -635,6 +651,12 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None) -> Fas
     async def bad_body(_, e: RequestValidationError):
         err = validation_error(e.errors())
         return JSONResponse(err.body(), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_, e: StarletteHTTPException):  # an unknown path (404), a wrong method (405), ...
+        kind = {404: "NotFoundError", 405: "MethodNotAllowedError"}.get(e.status_code, "BadRequestError")
+        err = APIError(str(e.detail), None, e.status_code, kind)
+        return JSONResponse(err.body(), status_code=e.status_code, headers=getattr(e, "headers", None))
 
     @app.exception_handler(Exception)
     async def internal(_, e: Exception):
