@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field, fields
 from typing import Sequence
 
@@ -139,6 +139,9 @@ class LLMEngine:
         self._drafts: list[tuple[str, int, int]] = []  # this step's verifications: (request_id, drafts, kept)
         self._t0 = time.perf_counter()
         self._grammars = None  # structured.GrammarCompiler, made for the first structured-output request
+        # prepare()'s work, for add_request to find: bad words' token ids by the words (a few lists)
+        self._prepared_words: OrderedDict[tuple[str, ...], list[list[int]]] = OrderedDict()
+        self._prepare_lock = threading.Lock()
 
     @classmethod
     def from_pretrained(cls, path=None, dtype=None, **kwargs) -> "LLMEngine":
@@ -236,25 +239,55 @@ class LLMEngine:
         self._added.append(rid)
         return rid
 
-    def _grammar(self, params):
-        """A matcher of this structured-output request's grammar (the compiler keeps compiled grammars)."""
+    def prepare(self, sampling_params: SamplingParams) -> None:
+        """Do the slow part of add_request for these params now, from any thread: compile their grammar
+        (the compiler keeps it) and tokenize their bad words (kept for add_request). A large schema takes
+        seconds to compile and a long word list to tokenize; AsyncLLM calls this in a worker thread, so
+        that the engine thread, which add_request runs on, goes on stepping the other requests. Raises
+        the ValueError add_request would raise for them."""
+        params = checks.instance("sampling_params", sampling_params, SamplingParams, "a SamplingParams")
+        if params.structured_outputs is not None and self.tokenizer is not None:
+            self._compiler().compile(params.structured_outputs)  # xgrammar lets other threads run meanwhile
+        if params.bad_words and self.tokenizer is not None:
+            seqs = self._tokenize_bad_words(params.bad_words)
+            with self._prepare_lock:
+                self._prepared_words[params.bad_words] = seqs
+                while len(self._prepared_words) > 16:  # a few requests' worth, never more
+                    self._prepared_words.popitem(last=False)
+
+    def _compiler(self):
         from .structured import GrammarCompiler
 
-        if self._grammars is None:
-            with self.tokenizer_lock:
-                self._grammars = GrammarCompiler(self.tokenizer, self.model.config.vocab_size, self.eos_token_ids)
-        return self._grammars.matcher(self._grammars.compile(params))
+        with self._prepare_lock:  # made once, by whichever thread comes first
+            if self._grammars is None:
+                with self.tokenizer_lock:
+                    self._grammars = GrammarCompiler(self.tokenizer, self.model.config.vocab_size,
+                                                     self.eos_token_ids)
+            return self._grammars
+
+    def _grammar(self, params):
+        """A matcher of this structured-output request's grammar (the compiler keeps compiled grammars)."""
+        compiler = self._compiler()
+        return compiler.matcher(compiler.compile(params))
 
     def _bad_words_token_ids(self, words) -> list[list[int]]:
         """Each bad word's tokens as it would start the text and as it would follow a space (BPE
-        tokenizers spell the two differently); each distinct sequence once."""
+        tokenizers spell the two differently); each distinct sequence once. prepare()'s, if it ran."""
+        with self._prepare_lock:
+            seqs = self._prepared_words.pop(tuple(words), None)
+        return seqs if seqs is not None else self._tokenize_bad_words(words)
+
+    def _tokenize_bad_words(self, words) -> list[list[int]]:
         seqs: list[list[int]] = []
-        with self.tokenizer_lock:
-            for word in words:
-                for text in (word.lstrip(), " " + word.lstrip()):
-                    ids = [int(t) for t in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
-                    if ids and ids not in seqs:
-                        seqs.append(ids)
+        seen: set[tuple[int, ...]] = set()
+        for word in words:
+            with self.tokenizer_lock:  # a word at a time: the engine thread decodes in between
+                found = [[int(t) for t in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
+                         for text in (word.lstrip(), " " + word.lstrip())]
+            for ids in found:
+                if ids and tuple(ids) not in seen:
+                    seen.add(tuple(ids))
+                    seqs.append(ids)
         return seqs
 
     def _get(self, request_id) -> Request:

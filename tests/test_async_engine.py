@@ -382,6 +382,50 @@ def test_hooks_see_every_output_and_text_comes_from_the_engines_tokenizer(make, 
     assert {str(r.exc_info[1]) for r in caplog.records} == {"metrics are broken"}
 
 
+class SpelledTokenizer(WordsTokenizer):
+    """WordsTokenizer that also encodes (a character's id is its code point mod 64), counting the calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, text, add_special_tokens=False):
+        self.calls += 1
+        return {"input_ids": [ord(c) % 64 for c in text]}
+
+
+def test_bad_words_are_prepared_off_the_engine_thread_while_the_others_run(make, monkeypatch):
+    """add_request has the engine prepare a request's bad words (and grammar: a large schema compiles for
+    seconds) in a worker thread before it joins the engine: while that runs, the other requests' steps go
+    on; the engine then takes what was prepared instead of tokenizing again."""
+    tokenizer = SpelledTokenizer()
+    llm = make(tokenizer)
+    gate, entered, real = threading.Event(), threading.Event(), llm.engine.prepare
+    threads = []
+
+    def slow_prepare(params):
+        threads.append(threading.current_thread())
+        entered.set()
+        assert gate.wait(20)
+        real(params)
+
+    monkeypatch.setattr(llm.engine, "prepare", slow_prepare)
+    banned = SamplingParams(max_tokens=3, ignore_eos=True, bad_words=("xy", "z"))
+
+    async def main():
+        other = asyncio.ensure_future(collect(llm, [1, 2, 3], SamplingParams(max_tokens=20, ignore_eos=True)))
+        waiting = asyncio.ensure_future(collect(llm, [4, 5], banned, request_id="banned"))
+        assert await asyncio.to_thread(entered.wait, 20)
+        done = await other  # to its end, while the preparation waits
+        calls = tokenizer.calls
+        gate.set()
+        return done, await waiting, calls
+
+    done, outs, calls = run(main())
+    assert len(tokens(done)) == 20 and len(tokens(outs)) == 3 and calls == 0
+    assert threads and llm._thread not in threads
+    assert tokenizer.calls == 4  # two spellings of each word, in prepare; none in add_request
+
+
 class LettersTokenizer:
     """Every token reads "a": with the stop string "ab", the text always ends in what may begin it."""
 

@@ -946,6 +946,61 @@ def test_every_error_is_in_openais_shape_and_no_body_is_a_500():
     assert llm.added == []
 
 
+class VocabTokenizer(CharTokenizer):
+    """CharTokenizer that lists a vocabulary (its longest entry 4 characters) and counts its calls; with
+    `gate`, each call waits for it first (a tokenizer busy with a long text)."""
+
+    def __init__(self, gate=None):
+        super().__init__()
+        self.gate, self.calls = gate, 0
+
+    def get_vocab(self):
+        return {"a": 0, "abcd": 1}
+
+    def __call__(self, text, add_special_tokens=True):
+        self.calls += 1
+        if self.gate is not None:
+            assert self.gate.wait(30)
+        return super().__call__(text, add_special_tokens)
+
+
+def test_a_text_longer_than_the_context_could_hold_is_refused_before_it_is_tokenized():
+    """256 tokens of at most 4 characters each hold 1,024 characters: a longer text cannot fit, and the
+    tokenizer never sees it (a 5 MB prompt took seconds there); cut to its last tokens, it is tokenized."""
+    tok = VocabTokenizer()
+    llm, client = app_client(tokenizer=tok)
+    for body, param in (({"prompt": "x" * 1025}, "prompt"), ({"prompt": ["ab", "x" * 1023]}, "prompt"),
+                        ({"messages": [{"role": "user", "content": "x" * 1025}]}, "messages")):
+        err = error_of(post(client, body), 400)
+        assert err["param"] == param and "1025" in err["message"] and "256" in err["message"]
+    assert error_of(post(client, {"prompt": "x" * 1025}, "/tokenize"), 400)["param"] == "prompt"
+    assert tok.calls == 0 and llm.added == []
+    assert post(client, {"prompt": "x" * 1025, "truncate_prompt_tokens": 8, "max_tokens": 1}).status_code == 200
+    assert post(client, {"prompt": "x" * 40, "max_tokens": 1}).status_code == 200 and tok.calls == 2
+
+
+def test_a_prompt_being_tokenized_holds_up_no_other_request():
+    """Tokenizing runs in a worker thread: while one prompt is in the tokenizer, /health and /v1/models
+    answer (on the event loop, they waited for it)."""
+    gate = threading.Event()
+    llm = ScriptedLLM(tokenizer=VocabTokenizer(gate))
+    with serving(build_app(llm, "m")) as url:
+        pending = threading.Thread(target=httpx.post, args=(f"{url}/v1/completions",),
+                                   kwargs={"json": {"prompt": "abc", "max_tokens": 1}, "timeout": 60})
+        pending.start()
+        try:
+            deadline = time.monotonic() + 30
+            while llm.tokenizer.calls == 0:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            for path in ("/health", "/v1/models"):
+                assert httpx.get(f"{url}{path}", timeout=5).status_code == 200
+        finally:
+            gate.set()
+            pending.join(60)
+    assert len(llm.added) == 1
+
+
 def test_fields_at_their_defaults_or_bounds_are_accepted():
     """OpenAI's defaults for what this server does not do (clients send them), the bounds of what it does and
     unknown extra fields are not refused."""

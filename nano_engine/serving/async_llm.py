@@ -236,6 +236,11 @@ class AsyncLLM:
         is returned at once; a refusal by the engine then comes out of it, as its first item.
         """
         self._check_alive()
+        sp = sampling_params
+        if isinstance(sp, SamplingParams) and (sp.structured_outputs is not None or sp.bad_words):
+            # A grammar compiles (a large schema for seconds) and bad words are tokenized in a worker thread:
+            # the engine thread, where add_request runs, goes on stepping the other requests meanwhile.
+            await asyncio.to_thread(self.engine.prepare, sp)
         loop = asyncio.get_running_loop()
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         queue: asyncio.Queue = asyncio.Queue()

@@ -62,6 +62,17 @@ def template_arguments(tokenizer) -> set[str]:
     return TEMPLATE_ARGUMENTS | {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
 
 
+def longest_token(tokenizer) -> int | None:
+    """The most characters one token of this tokenizer spells (its vocabulary's longest entry), or None
+    where the tokenizer cannot list its vocabulary. A text longer than max_model_len times this has more
+    tokens than the context holds: it is refused before the tokenizer spends seconds on it."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except (AttributeError, NotImplementedError):
+        return None
+    return max((len(t) for t in vocab), default=None) or None
+
+
 def with_cancellation(handler):
     """Run the handler, but stop it (and so abort its request) if the client disconnects first."""
 
@@ -143,6 +154,7 @@ class OpenAIServing:
         engine = llm.engine
         self.tokenizer = llm.tokenizer
         self.template_arguments = template_arguments(self.tokenizer)
+        self.token_chars = longest_token(self.tokenizer)
         self.max_model_len = engine.model.config.max_position_embeddings
         cache = engine.config.cache_config
         # The most KV slots one request can hold: a default max_tokens must fit them.
@@ -200,6 +212,10 @@ class OpenAIServing:
         self._check_model(req)
         if (req.prompt is None) == (req.messages is None):
             raise APIError("send either prompt or messages", "prompt" if req.prompt is None else "messages")
+        if req.messages is not None:
+            self._check_length([_text(m.content, i) for i, m in enumerate(req.messages)], "messages", req)
+        else:
+            self._check_length([req.prompt], "prompt", req)
         with self.llm.tokenizer_lock:
             if req.messages is not None:
                 if req.add_special_tokens:
@@ -222,10 +238,25 @@ class OpenAIServing:
         with self.llm.tokenizer_lock:
             return {"prompt": self.tokenizer.decode(req.tokens)}
 
+    def _check_length(self, texts, param: str, req) -> None:
+        """A text that cannot fit the context in any tokenization is refused before it is tokenized
+        (unless the request cuts its prompt to its last tokens, which needs them all)."""
+        limit = None if self.token_chars is None else self.max_model_len * self.token_chars
+        size = sum(len(t) for t in texts if isinstance(t, str))
+        if limit is not None and getattr(req, "truncate_prompt_tokens", None) is None and size > limit:
+            raise APIError(f"{param} has {size} characters, more than this model's maximum context length of "
+                           f"{self.max_model_len} tokens could hold (a token spells at most {self.token_chars} "
+                           f"characters)", param)
+
     def _prompts(self, req) -> tuple[list[_Prompt], str]:
         """The request's prompts as token ids (a completion may send a list of them), each cut to
-        its last truncate_prompt_tokens tokens when asked; and the field they came from."""
+        its last truncate_prompt_tokens tokens when asked; and the field they came from. Slow for a
+        long text: the server calls it in a worker thread, off the event loop."""
         chat = isinstance(req, ChatCompletionRequest)
+        if chat:
+            self._check_length([_text(m.content, i) for i, m in enumerate(req.messages)], "messages", req)
+        else:
+            self._check_length(req.prompt if isinstance(req.prompt, list) else [req.prompt], "prompt", req)
         with self.llm.tokenizer_lock:
             if chat:
                 prompts, param = [_Prompt(self._chat_ids(req), None)], "messages"
@@ -293,7 +324,7 @@ class OpenAIServing:
         computed the prompt, whose blocks they then share through the prefix cache."""
         self._check_model(req)
         check_supported(req)
-        prompts, prompt_param = self._prompts(req)
+        prompts, prompt_param = await asyncio.to_thread(self._prompts, req)  # the event loop serves others meanwhile
         planned = [self._sampling_params(req, len(p.ids), prompt_param) for p in prompts]  # all checked first
         policy = self.llm.engine.config.scheduler_config.policy
         if req.priority != 0 and policy != "priority":
@@ -677,12 +708,14 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None) -> Fas
     async def version():
         return {"version": VERSION}
 
+    # Plain functions: FastAPI runs them in its worker threads, so that a long text does not hold up the
+    # event loop (every other request and /health)
     @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest):
+    def tokenize(body: TokenizeRequest):
         return serving.tokenize(body)
 
     @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest):
+    def detokenize(body: DetokenizeRequest):
         return serving.detokenize(body)
 
     @app.get("/v1/models")
