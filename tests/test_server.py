@@ -652,6 +652,16 @@ def test_serve_hands_its_flags_to_the_model_the_engine_uvicorn_and_sigterm(serve
     assert seen.threads == [3] and last_load[2] == {"dtype": "bf16", "prepack": False}
 
 
+def test_serve_takes_max_model_len_and_refuses_one_above_the_models_by_name(serve_spies, capsys):
+    assert serve_cli.main(["--port", "0", "--max-model-len", "100"]) == 0
+    [(app, _)] = serve_spies.apps
+    assert TestClient(app).get("/v1/models").json()["data"][0]["max_model_len"] == 100
+    positions = app.state.serving.llm.engine.model.config.max_position_embeddings
+    assert serve_cli.main(["--port", "0", "--max-model-len", str(positions + 1)]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"--max-model-len {positions + 1}" in last and "max_position_embeddings" in last, last
+
+
 def test_serve_builds_the_c_kernel_before_the_model_and_the_engine_runs_it(serve_spies):
     assert serve_cli.main(["--port", "0", "--attention-backend", "c", "--dtype", "fp32"]) == 0
     assert [c[0] for c in serve_spies.calls[:2]] == ["build", "check"]  # no compiler: it fails before the load
@@ -834,12 +844,34 @@ def test_build_app_needs_the_engines_tokenizer():
 
 
 def test_health_says_503_once_the_engine_died_and_models_give_the_context_length():
-    llm, client = app_client()
+    llm, client = app_client(num_blocks=32)  # 512 tokens of KV cache, a model of 256 positions
     assert client.get("/health").status_code == 200
     llm.dead = RuntimeError("the engine thread died")
     assert client.get("/health").status_code == 503
     [model] = client.get("/v1/models").json()["data"]
     assert (model["id"], model["object"], model["max_model_len"]) == ("m", "model", 256)  # vLLM's max_model_len
+
+
+def test_max_model_len_is_what_one_request_can_hold_or_less_if_asked():
+    """By default the model's context, or the KV cache's tokens for one request if that is less (it was the
+    model's 8192 while a 4,096-token cache refused anything longer); vLLM's --max-model-len lowers it, and
+    every request is held to it; above either limit it is refused by name when the app is built."""
+    # 64 KV slots: 65 tokens (the last one's KV is never written); without chunked prefill, one step of 32
+    for kw, want in ((dict(num_blocks=4), 65), (dict(num_blocks=4, chunked=False, max_num_batched_tokens=32), 33)):
+        llm, client = app_client(**kw)
+        assert client.get("/v1/models").json()["data"][0]["max_model_len"] == want
+        assert post(client, {"prompt": "abc"}, "/tokenize").json()["max_model_len"] == want
+    llm = ScriptedLLM(num_blocks=32)
+    client = TestClient(build_app(llm, "m", max_model_len=100), raise_server_exceptions=False)
+    assert client.get("/v1/models").json()["data"][0]["max_model_len"] == 100
+    err = error_of(post(client, {"prompt": "x" * 90, "max_tokens": 11}), 400)
+    assert err["param"] == "max_tokens" and "100" in err["message"] and llm.added == []
+    assert post(client, {"prompt": "x" * 90, "max_tokens": 10}).status_code == 200
+    for bad, named in ((257, "max_position_embeddings=256"), (0, ">= 1")):
+        with pytest.raises(ValueError, match=re.escape(named)):
+            build_app(ScriptedLLM(num_blocks=32), "m", max_model_len=bad)
+    with pytest.raises(ValueError, match="66 is above the 65 tokens"):
+        build_app(ScriptedLLM(num_blocks=4), "m", max_model_len=66)
     assert 'vllm:num_requests_waiting{engine="0",model_name="m"} 2.0' in client.get("/metrics").text.splitlines()
 
 
@@ -968,7 +1000,7 @@ def test_a_text_longer_than_the_context_could_hold_is_refused_before_it_is_token
     """256 tokens of at most 4 characters each hold 1,024 characters: a longer text cannot fit, and the
     tokenizer never sees it (a 5 MB prompt took seconds there); cut to its last tokens, it is tokenized."""
     tok = VocabTokenizer()
-    llm, client = app_client(tokenizer=tok)
+    llm, client = app_client(tokenizer=tok, num_blocks=32)  # a context of 256 tokens
     for body, param in (({"prompt": "x" * 1025}, "prompt"), ({"prompt": ["ab", "x" * 1023]}, "prompt"),
                         ({"messages": [{"role": "user", "content": "x" * 1025}]}, "messages")):
         err = error_of(post(client, body), 400)
@@ -1245,7 +1277,7 @@ def test_tokenize_and_detokenize_as_vllm(server):
     text = "The capital of France is Paris."
     r = httpx.post(f"{s.url}/tokenize", json={"prompt": text}).json()
     assert r["tokens"] == list(s.tok(text)["input_ids"]) and r["count"] == len(r["tokens"]) > 0
-    assert r["max_model_len"] == s.engine.model.config.max_position_embeddings and r["token_strs"] is None
+    assert r["max_model_len"] == NUM_BLOCKS * BLOCK_SIZE + 1 and r["token_strs"] is None  # the cache (128 x 16) holds less than the model's 8192
     strs = httpx.post(f"{s.url}/tokenize", json={"prompt": text, "return_token_strs": True}).json()["token_strs"]
     assert strs == s.tok.convert_ids_to_tokens(r["tokens"])
     chat = httpx.post(f"{s.url}/tokenize", json={"messages": [{"role": "user", "content": "Name a planet."}]}).json()

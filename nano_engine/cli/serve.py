@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "first use (float32 and bfloat16; nano_engine/kernels/paged_attention.py); torch: "
                          "the chapters' PyTorch attention; auto (default): c where it runs the dtype and "
                          "builds, else torch")
+    ap.add_argument("--max-model-len", type=positive_int, default=None,
+                    help="the longest prompt + output a request may have, as vLLM's (default: the model's "
+                         "context, or what the KV cache holds for one request if that is less)")
     ap.add_argument("--max-num-batched-tokens", type=positive_int, default=d.max_num_batched_tokens,
                     help=f"the token budget of one step (default {d.max_num_batched_tokens})")
     ap.add_argument("--max-num-seqs", type=positive_int, default=d.max_num_seqs,
@@ -175,7 +178,10 @@ def run(ap: argparse.ArgumentParser, args) -> int:
         print(f"warning: listening on {args.host} without --api-key: anyone who can reach this address can "
               f"use the server", file=sys.stderr, flush=True)
     try:
-        app = build_app(llm, served_name(args), args.api_key)
+        try:
+            app = build_app(llm, served_name(args), args.api_key, args.max_model_len)
+        except ValueError as e:  # --max-model-len above the model's or the cache's
+            ap.error(str(e).replace("max_model_len=", "--max-model-len ", 1))
         server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
                                                log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5))
         server.run()

@@ -32,6 +32,7 @@ from .async_llm import AsyncLLM, EngineDeadError, RequestOutput, RequestStream
 from .protocol import (COMPLETION_MAX_TOKENS, MAX_CHOICES, APIError, ChatCompletionRequest, CompletionRequest,
                        DetokenizeRequest, TokenizeRequest, called_tools, check_supported, refusal, structured_outputs,
                        tool_mode, validation_error)
+from .. import checks
 from ..request import SamplingParams
 from .metrics import CONTENT_TYPE, ServingMetrics
 
@@ -149,19 +150,31 @@ class _Choice:
 class OpenAIServing:
     """Turns OpenAI requests into engine requests and engine outputs into OpenAI responses."""
 
-    def __init__(self, llm: AsyncLLM, model_name: str):
+    def __init__(self, llm: AsyncLLM, model_name: str, max_model_len: int | None = None):
         self.llm, self.model_name = llm, model_name
         engine = llm.engine
         self.tokenizer = llm.tokenizer
         self.template_arguments = template_arguments(self.tokenizer)
         self.token_chars = longest_token(self.tokenizer)
-        self.max_model_len = engine.model.config.max_position_embeddings
         cache = engine.config.cache_config
         # The most KV slots one request can hold: a default max_tokens must fit them.
         self.capacity = cache.num_blocks * cache.block_size
         sched = engine.config.scheduler_config
         if not sched.enable_chunked_prefill:
             self.capacity = min(self.capacity, sched.max_num_batched_tokens)
+        # vLLM's max_model_len: what /v1/models and /tokenize advertise and every request is held to.
+        # By default the model's context, or less where one request cannot hold that much KV (its last
+        # token's KV is never written: capacity + 1 tokens).
+        positions = engine.model.config.max_position_embeddings
+        self.max_model_len = min(positions, self.capacity + 1)
+        if max_model_len is not None:
+            max_model_len = checks.integer("max_model_len", max_model_len, minimum=1)
+            if max_model_len > self.max_model_len:
+                why = (f"the model's max_position_embeddings={positions}" if max_model_len > positions else
+                       f"the {self.capacity + 1} tokens one request can have with this KV cache ({self.capacity} "
+                       f"slots, none for the last token; more KV blocks: --num-gpu-blocks-override)")
+                raise ValueError(f"max_model_len={max_model_len} is above {why}")
+            self.max_model_len = max_model_len
         self.created = int(time.time())
 
     # ----- requests in -----
@@ -324,7 +337,8 @@ class OpenAIServing:
         computed the prompt, whose blocks they then share through the prefix cache."""
         self._check_model(req)
         check_supported(req)
-        prompts, prompt_param = await asyncio.to_thread(self._prompts, req)  # the event loop serves others meanwhile
+        # in a worker thread: the event loop serves the other requests meanwhile
+        prompts, prompt_param = await asyncio.to_thread(self._prompts, req)
         planned = [self._sampling_params(req, len(p.ids), prompt_param) for p in prompts]  # all checked first
         policy = self.llm.engine.config.scheduler_config.policy
         if req.priority != 0 and policy != "priority":
@@ -659,9 +673,11 @@ class RequireKey:
         return await self.app(scope, receive, send)
 
 
-def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None) -> FastAPI:
+def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None,
+              max_model_len: int | None = None) -> FastAPI:
     """The FastAPI app serving `llm` as `model_name` (the caller owns and shuts down `llm`); with
-    `api_key`, the /v1 routes ask for it (RequireKey)."""
+    `api_key`, the /v1 routes ask for it (RequireKey); `max_model_len` as vLLM's flag (default: the
+    model's context, or what the KV cache holds for one request if that is less)."""
     if llm.tokenizer is None:
         raise ValueError("the server needs the engine's tokenizer (LLMEngine(model, tokenizer, ...))")
     if api_key is not None and not api_key:
@@ -669,7 +685,7 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None) -> Fas
     app = FastAPI(title="nano_engine", docs_url=None, redoc_url=None)
     if api_key is not None:
         app.add_middleware(RequireKey, key=api_key)
-    serving = OpenAIServing(llm, model_name)
+    serving = OpenAIServing(llm, model_name, max_model_len)
     metrics = ServingMetrics(model_name, serving.max_model_len)
     metrics.attach(llm)
     app.state.serving, app.state.metrics = serving, metrics
