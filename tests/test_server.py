@@ -1200,6 +1200,36 @@ def test_a_completion_stream_whole():
         usage = {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": 3 + n,
                  "prompt_tokens_details": {"cached_tokens": 0}}
         assert (got[-2].get("usage"), got[-2]["choices"] == []) == ((usage, True) if include_usage else (None, False))
+    # vLLM's continuous_usage_stats: each chunk also carries its counts so far (only with include_usage)
+    llm.outputs[:] = outs
+    for include_usage, counts in ((True, [1, 2, 3]), (False, [None] * 3)):
+        got = events(post(client, {"prompt": "abc", "stream": True, "stream_options": {
+            "include_usage": include_usage, "continuous_usage_stats": True}}))
+        chunks = [e for e in got[:-1] if e["choices"]]
+        assert [(e.get("usage") or {}).get("completion_tokens") for e in chunks] == counts
+        assert all(e["usage"]["total_tokens"] == 3 + n for e, n in zip(chunks, counts) if n is not None)
+
+
+def test_required_tool_calls_cut_short_give_their_text_streamed_or_not():
+    """tool_choice "required": the calls come whole with the last chunk; cut short by max_tokens there is no
+    valid call, and the text the model wrote comes as content, streamed or not (a stream sent nothing)."""
+    whole = '[{"name": "get_weather", "parameters": {"city": "Paris"}}]'
+    cut = '[{"name": "get_weather", "param'
+    body = {"messages": HI, "tools": [TOOL], "tool_choice": "required"}
+    for text, reason in ((whole, "stop"), (cut, "length")):
+        _, client = app_client(outputs=[output(text[:10], 3), output(text[10:], 9, True, reason)])
+        message = post(client, body).json()["choices"][0]
+        chunks = [e["choices"][0] for e in events(post(client, {**body, "stream": True}))[:-1]]
+        streamed = "".join(ch["delta"].get("content") or "" for ch in chunks)
+        calls = [call for ch in chunks for call in ch["delta"].get("tool_calls", [])]
+        if reason == "stop":
+            assert message["finish_reason"] == chunks[-1]["finish_reason"] == "tool_calls"
+            assert [json.loads(x["function"]["arguments"]) for x in message["message"]["tool_calls"]] == [
+                {"city": "Paris"}] == [json.loads(x["function"]["arguments"]) for x in calls]
+            assert message["message"]["content"] is None and streamed == ""
+        else:
+            assert message["finish_reason"] == chunks[-1]["finish_reason"] == "length"
+            assert message["message"]["content"] == streamed == cut and calls == []
 
 
 def test_a_chat_stream_whole():

@@ -477,6 +477,8 @@ class OpenAIServing:
             if delta:
                 choice["delta"] = {**({"role": "assistant", "content": None} if first else {}),
                                    **({"tool_calls": calls} if calls else {})}
+                if reason and not calls and tool_mode(req) == "required":  # cut short: the text, as a plain
+                    choice["delta"]["content"] = "".join(c.text)  # response gives it (held back until now)
             else:
                 choice["message"] = {"role": "assistant", "content": None if calls else text,
                                      **({"tool_calls": calls} if calls else {})}
@@ -553,6 +555,8 @@ class OpenAIServing:
         the order the engine gives them."""
         chat = isinstance(req, ChatCompletionRequest)
         usage = bool(req.stream_options and req.stream_options.include_usage)
+        # vLLM's continuous_usage_stats: every chunk also says its choice's counts so far
+        continuous = usage and req.stream_options.continuous_usage_stats
         obj = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
         queue: asyncio.Queue = asyncio.Queue()
         pumps = [asyncio.ensure_future(c.pump(queue)) for c in choices]
@@ -590,6 +594,10 @@ class OpenAIServing:
                 event = {**obj, "choices": [choice]}
                 if chat and first and req.return_token_ids:
                     event["prompt_token_ids"] = c.prompt.ids
+                if continuous:
+                    done = 0 if echo_only else c.last.num_output_tokens
+                    event["usage"] = {"prompt_tokens": len(c.prompt.ids), "completion_tokens": done,
+                                      "total_tokens": len(c.prompt.ids) + done}
                 yield _event(event)
             if usage:
                 yield _event({**obj, "choices": [], "usage": self._usage(prompts, choices, echo_only)})
