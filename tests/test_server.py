@@ -1158,6 +1158,25 @@ def test_each_prompt_form_becomes_token_ids():
         assert llm.added[-1].ids == [ord(c) for c in text] and type(llm.added[-1].ids[0]) is int
 
 
+def test_a_messages_tool_calls_and_results_reach_the_template_checked():
+    """An assistant's tool_calls and a tool's result (tool_call_id, name) are handed to the chat template;
+    other extras are not, and an extra of the wrong type is a 400 naming messages (vLLM's typed messages)."""
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    chat = [{"role": "user", "content": "hi", "colour": "red"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "content": "sunny", "tool_call_id": "c1", "name": "get_weather"}]
+    llm, client = app_client()
+    assert post(client, {"messages": chat}).status_code == 200
+    assert llm.tokenizer.templated == [[{"role": "user", "content": "hi"},
+                                        {"role": "assistant", "content": "", "tool_calls": [call]},
+                                        {"role": "tool", "content": "sunny", "tool_call_id": "c1",
+                                         "name": "get_weather"}]]
+    for bad in ({"name": 5}, {"tool_calls": "garbage"}, {"tool_call_id": ["c1"]}):
+        err = error_of(post(client, {"messages": [{"role": "user", "content": "hi", **bad}]}), 400)
+        assert err["param"] == "messages" and next(iter(bad)) in err["message"]
+    assert len(llm.added) == 1
+
+
 def head_of(body, kind, obj):
     assert re.fullmatch(rf"{kind}-[0-9a-f]{{32}}", body["id"]) and abs(body["created"] - time.time()) < 60
     assert type(body["created"]) is int and body["model"] == "m" and body["object"] == obj

@@ -129,6 +129,19 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: str
     content: str | list[dict[str, Any]] | None = None
+    # What a message may carry besides, handed to the chat template (tool calls and their results); the
+    # other extras are not
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+    def template_fields(self) -> dict[str, Any]:
+        """The fields the chat template sees: role, content, and those extras that are set."""
+        return {"role": self.role, **{k: getattr(self, k) for k in MESSAGE_EXTRAS if getattr(self, k) is not None}}
+
+
+MESSAGE_EXTRAS = ("name", "tool_calls", "tool_call_id", "reasoning_content")
 
 
 class _ChatTemplate(BaseModel):

@@ -43,8 +43,6 @@ except importlib.metadata.PackageNotFoundError:  # run from a source tree that w
     VERSION = "unknown"
 
 
-# What a message may carry besides role and content, handed to the chat template (tool calls and their results)
-MESSAGE_EXTRAS = {"name", "tool_calls", "tool_call_id", "reasoning_content"}
 # apply_chat_template's own arguments, which chat_template_kwargs may not set (they would change how the
 # prompt is made: truncation=True with max_length=2 cuts the messages away); with those of the tokenizer's
 # own signature (template_arguments), whatever its version adds
@@ -196,9 +194,7 @@ class OpenAIServing:
         if req.continue_final_message and req.messages[-1].role != "assistant":
             raise APIError(f"continue_final_message needs an assistant message last, not {req.messages[-1].role!r}",
                            "continue_final_message")
-        messages = [{"role": m.role, "content": _text(m.content, i),
-                     **{k: v for k, v in (m.model_extra or {}).items() if k in MESSAGE_EXTRAS}}
-                    for i, m in enumerate(req.messages)]
+        messages = [{**m.template_fields(), "content": _text(m.content, i)} for i, m in enumerate(req.messages)]
         tools = called_tools(req)
         if tools:  # the template shows the model the functions it may call
             extra = {**extra, "tools": tools}
