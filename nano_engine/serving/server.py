@@ -64,7 +64,8 @@ def template_arguments(tokenizer) -> set[str]:
 def longest_token(tokenizer) -> int | None:
     """The most characters one token of this tokenizer spells (its vocabulary's longest entry), or None
     where the tokenizer cannot list its vocabulary. A text longer than max_model_len times this has more
-    tokens than the context holds: it is refused before the tokenizer spends seconds on it."""
+    tokens than the context holds (only a normalizer that shortens text could make it fit, and no real
+    prompt is hundreds of thousands of characters): it is refused before the tokenizer spends seconds on it."""
     try:
         vocab = tokenizer.get_vocab()
     except (AttributeError, NotImplementedError):
