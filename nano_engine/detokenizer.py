@@ -83,10 +83,13 @@ class IncrementalDetokenizer:
     """
 
     def __init__(self, tokenizer, stop: Sequence[str] = (),
-                 include_stop_str_in_output: bool = False, skip_special_tokens: bool = True):
-        """`stop` and `include_stop_str_in_output` as SamplingParams has checked them."""
+                 include_stop_str_in_output: bool = False, skip_special_tokens: bool = True, min_tokens: int = 0):
+        """`stop`, `include_stop_str_in_output` and `min_tokens` as SamplingParams has checked them. As in
+        vLLM, no stop string is looked for in the text of the first `min_tokens` tokens: one may end
+        there and reach past it, but not lie wholly inside it."""
         self.tokenizer = tokenizer
         self.stop = tuple(stop)
+        self.min_tokens = min_tokens
         self.include_stop_str_in_output = include_stop_str_in_output
         self.skip_special_tokens = skip_special_tokens
         self.token_ids: list[int] = []
@@ -135,6 +138,8 @@ class IncrementalDetokenizer:
             # One id at a time, so that "\ufffd" is only ever judged at the end of the text.
             self.token_ids.append(int(token_id))
             self._decode_next()
+            if len(self.token_ids) <= self.min_tokens:
+                before = len(self._whole_text)  # min_tokens: this token's text is no place for a stop
         text = self._whole_text
         if not self.stop or len(text) == before:
             return None

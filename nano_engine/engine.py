@@ -227,7 +227,7 @@ class LLMEngine:
                       arrival_time=time.perf_counter() if arrival_time is None else arrival_time)
         if params.stop:
             req.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output,
-                                                     params.skip_special_tokens)
+                                                     params.skip_special_tokens, params.min_tokens)
         if params.bad_words:
             req.bad_words_token_ids = self._bad_words_token_ids(params.bad_words)
         req.grammar = grammar

@@ -49,7 +49,7 @@ class SamplingParams:
     # token id -> bias added to its logit (ids checked against the vocabulary at add_request). Left
     # out of the hash (a dict has none), kept in ==.
     logit_bias: dict[int, float] | None = field(default=None, hash=False)
-    min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens are out
+    min_tokens: int = 0  # EOS and stop_token_ids are masked, stop strings not looked for, until this many are out
     logprobs: int | None = None  # None = none; k = the sampled token's logprob and the top k's
     # Stop strings: the output ends where one first appears in its text (the text is cut before it,
     # or after it with include_stop_str_in_output). Text needs a tokenizer: an engine without one

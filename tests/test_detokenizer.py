@@ -191,6 +191,18 @@ def test_stop_strings_any_chunking(tok, text, data, include, seed):
     assert (reason, d.output_text, sent) == (want_stop, want_text, want_text)
 
 
+def test_no_stop_string_is_looked_for_within_min_tokens(tok):
+    """vLLM's rule: the text of the first min_tokens tokens is no place for a stop string (EOS and
+    stop_token_ids are masked there too); a stop that ends after them counts, even if it began inside."""
+    ids = [tok.encode(t)[0] for t in ["a", ",", "b", ",", "c"]]
+    for min_tokens, stop, want in ((0, [","], "a"), (2, [","], "a,b"), (3, [","], "a,b"), (4, [","], "a,b,c"),
+                                   (3, [",c"], "a,b"), (4, ["b,c"], "a,"), (5, ["a"], "a,b,c")):
+        for chunks in ([[i] for i in ids], [ids]):
+            d, deltas, reason = stream(tok, chunks, stop=stop, min_tokens=min_tokens)
+            assert d.output_text == want and (reason is None) == (want == "a,b,c"), (min_tokens, stop, chunks)
+            check_deltas(deltas, want)
+
+
 def test_partial_stop_then_divergence_is_sent_at_once(tok):
     a, b, x = (tok.convert_tokens_to_ids(c) for c in "abX")
     d = IncrementalDetokenizer(tok, stop=["abc"])

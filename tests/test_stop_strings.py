@@ -68,6 +68,17 @@ def test_a_stop_string_ends_its_request_where_its_text_completes_and_nothing_els
     assert eng.block_pool.num_free == 64 and not eng.requests
 
 
+def test_a_stop_string_inside_the_first_min_tokens_does_not_end_the_request(tok):
+    """min_tokens holds back stop strings as it holds back EOS and stop_token_ids (vLLM's rule): the text of
+    the first min_tokens tokens is not searched."""
+    ids, text = unstopped(tok, PROMPTS[1])
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    n = first_token_completing(tok, ids, stop)
+    eng = LLMEngine(MODEL, tok, num_blocks=64, block_size=4)
+    req = eng.generate([PROMPTS[1]], SamplingParams(max_tokens=40, ignore_eos=True, stop=[stop], min_tokens=n))[0]
+    assert req.output_ids == ids[:len(req.output_ids)] and len(req.output_ids) > n  # it ran past the stop
+
+
 def test_stop_token_ids_and_eos_give_vllms_stop_reason(tok):
     ids, _ = unstopped(tok, PROMPTS[2])
     stop_id = ids[6]
