@@ -45,7 +45,9 @@ class ParallelConfig:
     def __post_init__(self):
         self.tensor_parallel_size = checks.integer("tensor_parallel_size", self.tensor_parallel_size, minimum=1)
         self.pipeline_parallel_size = checks.integer("pipeline_parallel_size", self.pipeline_parallel_size, minimum=1)
-        self.worker_timeout_s = checks.number("worker_timeout_s", self.worker_timeout_s, minimum=1e-3)
+        # at most a week: torch.distributed keeps a timeout as milliseconds in a C int (24.8 days)
+        self.worker_timeout_s = checks.number("worker_timeout_s", self.worker_timeout_s, minimum=1e-3,
+                                              maximum=7 * 24 * 3600)
         if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:
             raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} with pipeline_parallel_size="
                              f"{self.pipeline_parallel_size}: one or the other here, not both at once")

@@ -44,6 +44,8 @@ REFUSALS = [  # (what is called, with what, the error, what its message names)
     (SP, dict(logit_bias={3: 1.0, torch.tensor(3): 2.0}), ValueError, ["logit_bias", "token 3 twice"]),  # none lost
     (SP, dict(min_tokens=9, max_tokens=8), ValueError, ["min_tokens=9", "max_tokens=8"]),
     (EC, dict(num_blocks=0), ValueError, ["num_blocks=0", ">= 1"]),
+    # torch.distributed keeps a timeout in milliseconds in a C int: 1e10 s failed deep inside it
+    (EC, dict(worker_timeout_s=1e10), ValueError, ["worker_timeout_s=10000000000.0", "604800"]),
     (EC, dict(min_new_token_ratio=0.8), ValueError, ["min_new_token_ratio=0.8", "init_new_token_ratio=0.7"]),
     (tiny_model, dict(seed="0"), TypeError, ["seed='0'"]), (tiny_model, dict(dtype=torch.int64), TypeError, ["dtype"]),
     (tiny_model, dict(dtype="float64"), TypeError, ["dtype='float64'", "torch.dtype"]),
@@ -119,7 +121,14 @@ def test_bad_prompts_are_refused(tiny):
             engine.add_request(bad)
     with refused(ValueError, "max_tokens 8", "5 blocks", "4"):  # what it needs, what the pool has
         engine.add_request(list(range(1, 11)), SamplingParams(max_tokens=8))
+    # only EOS and stop tokens allowed, all masked by min_tokens: no first token could be sampled (greedy
+    # took a token outside allowed_token_ids; sampling failed inside torch, with the whole step's requests)
+    eos = tiny.config.eos_token_id
+    for kw in (dict(allowed_token_ids=[eos]), dict(allowed_token_ids=[eos, 7], stop_token_ids=[7], temperature=1.0)):
+        with refused(ValueError, "allowed_token_ids", "min_tokens=2"):
+            engine.add_request([1, 2], SamplingParams(max_tokens=4, min_tokens=2, **kw))
     assert not engine.requests and not engine.has_unfinished() and not engine.step_log
+    engine.add_request([1, 2], SamplingParams(max_tokens=4, min_tokens=2, allowed_token_ids=[eos], ignore_eos=True))
 
 
 def test_every_prompt_form_gives_the_same_tokens(tiny):
