@@ -1,9 +1,14 @@
 """Mutant of exercise 142: q = round(w / scale) with the division in float64."""
 
-EXPECTED_HINT = "divided in float64"
+import sys
+from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+from model_142 import dequantize, int4_linear, pack_int4, unpack_int4  # noqa: E402,F401
+
+EXPECTED_HINT = "divided in float64"
 
 
 def quantize_int4(w, group_size):
@@ -17,25 +22,3 @@ def quantize_int4(w, group_size):
         scales[:, g] = scale
         q[:, cols] = torch.round(w[:, cols].double() / scale[:, None].double()).clamp(-8, 7).to(torch.int8)  # MUTANT: float64
     return q, scales
-
-
-def pack_int4(q):
-    u = (q.to(torch.int16) + 8).to(torch.uint8)
-    if u.shape[1] % 2:
-        u = torch.cat([u, torch.full((u.shape[0], 1), 8, dtype=torch.uint8)], dim=1)
-    return u[:, 0::2] | (u[:, 1::2] << 4)
-
-
-def unpack_int4(data, k):
-    low = (data & 15).to(torch.int8) - 8
-    high = (data >> 4).to(torch.int8) - 8
-    return torch.stack((low, high), dim=2).reshape(data.shape[0], -1)[:, :k]
-
-
-def dequantize(q, scales, group_size):
-    groups = torch.arange(q.shape[1]) // group_size
-    return q.float() * scales[:, groups]
-
-
-def int4_linear(x, data, scales, group_size, k):
-    return F.linear(x, dequantize(unpack_int4(data, k), scales, group_size))
