@@ -196,8 +196,8 @@ class LLMEngine:
         for i, t in enumerate(params.allowed_token_ids or ()):
             if t >= vocab:
                 raise ValueError(f"allowed_token_ids[{i}]={t} is outside the vocabulary [0, {vocab})")
-        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)
-        if params.min_tokens > 0 and params.allowed_token_ids is not None and set(params.allowed_token_ids) <= stops:
+        if params.min_tokens > 0 and params.allowed_token_ids is not None and set(params.allowed_token_ids) <= (
+                set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)):
             raise ValueError(f"allowed_token_ids={list(params.allowed_token_ids)} holds only EOS and stop tokens, "
                              f"which min_tokens={params.min_tokens} masks: no first token could be sampled")
         if params.bad_words and self.tokenizer is None:

@@ -222,10 +222,7 @@ class OpenAIServing:
         self._check_model(req)
         if (req.prompt is None) == (req.messages is None):
             raise APIError("send either prompt or messages", "prompt" if req.prompt is None else "messages")
-        if req.messages is not None:
-            self._check_length([_text(m.content, i) for i, m in enumerate(req.messages)], "messages", req)
-        else:
-            self._check_length([req.prompt], "prompt", req)
+        self._check_length(req)
         with self.llm.tokenizer_lock:
             if req.messages is not None:
                 if req.add_special_tokens:
@@ -248,9 +245,14 @@ class OpenAIServing:
         with self.llm.tokenizer_lock:
             return {"prompt": self.tokenizer.decode(req.tokens)}
 
-    def _check_length(self, texts, param: str, req) -> None:
-        """A text that cannot fit the context in any tokenization is refused before it is tokenized
-        (unless the request cuts its prompt to its last tokens, which needs them all)."""
+    def _check_length(self, req) -> None:
+        """A request's text (its messages' or its prompts') that cannot fit the context in any tokenization
+        is refused before it is tokenized (unless the request cuts its prompt to its last tokens, which
+        needs them all)."""
+        if getattr(req, "messages", None) is not None:
+            texts, param = [_text(m.content, i) for i, m in enumerate(req.messages)], "messages"
+        else:
+            texts, param = (req.prompt if isinstance(req.prompt, list) else [req.prompt]), "prompt"
         limit = None if self.token_chars is None else self.max_model_len * self.token_chars
         size = sum(len(t) for t in texts if isinstance(t, str))
         if limit is not None and getattr(req, "truncate_prompt_tokens", None) is None and size > limit:
@@ -263,10 +265,7 @@ class OpenAIServing:
         its last truncate_prompt_tokens tokens when asked; and the field they came from. Slow for a
         long text: the server calls it in a worker thread, off the event loop."""
         chat = isinstance(req, ChatCompletionRequest)
-        if chat:
-            self._check_length([_text(m.content, i) for i, m in enumerate(req.messages)], "messages", req)
-        else:
-            self._check_length(req.prompt if isinstance(req.prompt, list) else [req.prompt], "prompt", req)
+        self._check_length(req)
         with self.llm.tokenizer_lock:
             if chat:
                 prompts, param = [_Prompt(self._chat_ids(req), None)], "messages"
@@ -295,7 +294,7 @@ class OpenAIServing:
         max_tokens = getattr(req, max_param)
         if not chat and req.echo and max_tokens == 0:
             max_tokens = 1  # the prompt only (vLLM's echo without generation): one token is run and dropped
-        room = min(self.max_model_len - num_prompt, self.capacity - num_prompt + 1)
+        room = self.max_model_len - num_prompt  # max_model_len is at most what the KV cache holds (capacity + 1)
         if max_tokens is None:
             if room < 1:
                 raise APIError(f"the prompt has {num_prompt} tokens, which leaves no room for output: this "
