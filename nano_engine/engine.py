@@ -462,6 +462,9 @@ class LLMEngine:
                 req.num_accepted_tokens += accepted
             reason = None
             for token, lp in zip(tokens, logprobs):
+                if token is None:  # its constraints left no token: it alone ends (sampling.has_token)
+                    reason, req.error = "error", _no_token(req)
+                    break
                 reason = self._append(req, token, lp, now)
                 if reason is not None:  # nothing after a stop, max_tokens or the grammar's end
                     break
@@ -572,6 +575,18 @@ class LLMEngine:
         if self.scheduler.has_unfinished():
             raise RuntimeError("cannot reset the prefix cache while requests are unfinished")
         self.block_pool.reset()
+
+
+def _no_token(req: Request) -> str:
+    """Why a request's row had every token at -inf, naming the fields that mask tokens."""
+    sp = req.sampling_params
+    fields = [name for name, masks in (("structured_outputs", req.grammar is not None),
+                                       ("allowed_token_ids", sp.allowed_token_ids is not None),
+                                       ("bad_words", bool(req.bad_words_token_ids)),
+                                       ("min_tokens", len(req.output_ids) < sp.min_tokens)) if masks]
+    n = len(req.output_ids)
+    return (f"{' with '.join(fields) or 'the sampling parameters'} left no token to sample after {n} output "
+            f"token{'' if n == 1 else 's'}: every token was forbidden")
 
 
 def _wants_prompt_rows(req: Request, c) -> bool:

@@ -169,7 +169,10 @@ class Request:
     num_computed: int = 0  # tokens whose KV is in the cache
     block_ids: list[int] = field(default_factory=list)  # the block table
     status: RequestStatus = RequestStatus.WAITING
-    finish_reason: str | None = None  # "stop", "length", "abort", or "error" (its step raised)
+    finish_reason: str | None = None  # "stop", "length", "abort", or "error" (see error)
+    # With "error": why, when the request's own constraints left no token to sample (a message that
+    # starts with the fields at fault); None when its step raised (the step log has the exception)
+    error: str | None = None
     # What ended a "stop": the stop string, or the stop_token_ids entry; None for EOS (vLLM's rule)
     stop_reason: str | int | None = None
     num_preemptions: int = 0

@@ -18,6 +18,11 @@ The steps, in the order of vLLM's `Sampler.forward` (`vllm/v1/sample/sampler.py`
 5. otherwise temperature, min-p (MinPLogitsProcessor: drop tokens whose probability is below
    min_p times the top one), top-k and top-p (`vllm/v1/sample/ops/topk_topp_sampler.py`), the draw.
 
+A row that these steps leave without a token (every logit at -inf: a grammar that allows only EOS
+while min_tokens masks it, allowed_token_ids that are all bad words) samples None, and the engine
+finishes that request alone with "error". vLLM samples from such a row anyway (an argmax of -infs
+is token 0); here it would also fail torch.multinomial, and the step's other requests with it.
+
 Steps 2-4 change what greedy picks; step 5 does not (vLLM's "argmax-invariant" processors). A
 request with a seed draws from its own `torch.Generator` and every step works on its own row only,
 so its tokens do not depend on what else shares the batch. A batch of plain greedy requests (no
@@ -49,7 +54,7 @@ class SampleLogprobs:
 
 @dataclass
 class SamplerOutput:
-    token_ids: list[int]
+    token_ids: list[int | None]  # None: the row's constraints left no token (has_token)
     logprobs: list[SampleLogprobs | None]  # one per row; None where the request asked for none
 
 
@@ -197,8 +202,15 @@ def distribution(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p
     return filter_logits(logits.float() / temperature, top_k, top_p, min_p).softmax(-1)
 
 
-def sample_one(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """One token from one row of (already biased and penalized) logits (V,)."""
+def has_token(logits: torch.Tensor) -> torch.Tensor:
+    """Whether each row of logits (..., V) leaves some token to sample (not every logit -inf)."""
+    return logits.amax(-1) > NEG_INF
+
+
+def sample_one(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int | None:
+    """One token from one row of (already biased and penalized) logits (V,); None if it leaves none."""
+    if not has_token(logits):
+        return None
     if params.greedy:
         return int(logits.argmax())
     probs = distribution(logits, params.temperature, params.top_k, params.top_p, params.min_p)
@@ -246,7 +258,10 @@ def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
     if metadata.grammars is not None:  # structured output: what the grammar forbids is gone before anything else
         logits = apply_grammar(logits, metadata.grammars)
     if all(p.greedy and not needs_history(p) for p in params):
-        return SamplerOutput(logits.argmax(-1).tolist(), [None] * rows)  # one call for the common case
+        tokens = logits.argmax(-1).tolist()  # one call for the common case
+        if any(g is not None for g in metadata.grammars or ()):  # only a grammar can leave a row empty here
+            tokens = [t if ok else None for t, ok in zip(tokens, has_token(logits).tolist())]
+        return SamplerOutput(tokens, [None] * rows)
     prompt_ids = metadata.prompt_ids if metadata.prompt_ids is not None else [()] * rows
     output_ids = metadata.output_ids if metadata.output_ids is not None else [()] * rows
     bad_words = metadata.bad_words_token_ids if metadata.bad_words_token_ids is not None else [()] * rows
@@ -257,7 +272,7 @@ def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         row = process_row(raw, p, prompt_ids[i], output_ids[i], eos_token_ids, bad_words[i])
         token = sample_one(row, p, generators[i])
         tokens.append(token)
-        logprobs.append(None if p.logprobs is None else token_logprobs(raw, token, p.logprobs))
+        logprobs.append(None if p.logprobs is None or token is None else token_logprobs(raw, token, p.logprobs))
     return SamplerOutput(tokens, logprobs)
 
 
@@ -284,13 +299,15 @@ def process_row(raw: torch.Tensor, p: SamplingParams, prompt_ids: Sequence[int],
 # ----- speculative decoding: verify the drafts -----
 
 def rejection_sample(target_probs: torch.Tensor, draft_ids: Sequence[int], uniforms: Sequence[float],
-                     sample: Callable[[torch.Tensor], int], draft_probs: torch.Tensor | None = None) -> list[int]:
+                     sample: Callable[[torch.Tensor], int | None], draft_probs: torch.Tensor | None = None
+                     ) -> list[int | None]:
     """vLLM's rejection sampler for one request (`vllm/v1/sample/rejection_sampler.py`), written out.
 
     target_probs (d + 1, V): the model's distribution p at each draft's position and after the last;
     draft_ids: the d drafts; uniforms: d numbers in [0, 1), one per test; sample(probs): a token
-    drawn from a distribution (V,) that sums to 1; draft_probs (d, V): the proposer's q, or None
-    for a proposer sure of its drafts (n-gram: q is one-hot on the draft).
+    drawn from a distribution (V,) that sums to 1 (the engine's also takes a row of zeros, where the
+    request's constraints leave no token, and returns None: the list then ends in None); draft_probs
+    (d, V): the proposer's q, or None for a proposer sure of its drafts (n-gram: q is one-hot on the draft).
 
     Draft j is kept when uniforms[j] < p(x) / q(x) (so with probability min(1, p(x) / q(x)); a draft
     the model gives probability 0 never is). The first one refused is replaced by a token drawn from
@@ -308,9 +325,9 @@ def rejection_sample(target_probs: torch.Tensor, draft_ids: Sequence[int], unifo
         residual = (p - q).clamp(min=0)
         total = float(residual.sum())
         # p and q equal but for rounding leave no residual: then p itself (what it stands for)
-        out.append(int(sample(residual / total if total > 0 else p)))
+        out.append(sample(residual / total if total > 0 else p))
         return out
-    out.append(int(sample(target_probs[len(draft_ids)])))
+    out.append(sample(target_probs[len(draft_ids)]))
     return out
 
 
@@ -341,9 +358,9 @@ def verify(logits: torch.Tensor, drafts: Sequence[int], p: SamplingParams, gener
         row = process_row(raw, p, prompt_ids, history, eos_token_ids, bad_words)
         token = sample_one(row, p, generator)
         tokens.append(token)
-        logprobs.append(None if p.logprobs is None else token_logprobs(raw, token, p.logprobs))
+        logprobs.append(None if p.logprobs is None or token is None else token_logprobs(raw, token, p.logprobs))
         history.append(token)
-        if j == len(drafts) or token != drafts[j]:
+        if j == len(drafts) or token != drafts[j]:  # a row without a token (None) ends it too
             break
     return tokens, logprobs
 
@@ -362,13 +379,15 @@ def verify_probabilistic(logits: torch.Tensor, drafts: Sequence[int], draft_prob
     history, target = list(output_ids), []
     for j in range(len(drafts) + 1):
         row = process_row(logits[j].to(dtype), p, prompt_ids, history, eos_token_ids, bad_words)
-        target.append(distribution(row, p.temperature, p.top_k, p.top_p, p.min_p))
+        # a row without a token is all zeros: its draft is refused and nothing can replace it (None)
+        target.append(distribution(row, p.temperature, p.top_k, p.top_p, p.min_p) if has_token(row)
+                      else torch.zeros(row.shape[-1]))
         if j < len(drafts):
             history.append(drafts[j])
     uniforms = torch.rand(len(drafts), generator=generator, dtype=torch.float64).tolist()
     tokens = rejection_sample(torch.stack(target), drafts, uniforms,
-                              lambda probs: int(torch.multinomial(probs, 1, generator=generator)),
+                              lambda probs: int(torch.multinomial(probs, 1, generator=generator)) if probs.any() else None,
                               draft_probs.to(torch.float32))
-    logprobs = [None if p.logprobs is None else token_logprobs(logits[j].to(dtype), t, p.logprobs)
+    logprobs = [None if p.logprobs is None or t is None else token_logprobs(logits[j].to(dtype), t, p.logprobs)
                 for j, t in enumerate(tokens)]
     return tokens, logprobs

@@ -285,6 +285,47 @@ def test_structured_output_is_refused_by_name_without_a_tokenizer_or_with_two_gr
     assert not engine.requests and engine.block_pool.num_free == engine.block_pool.num_blocks
 
 
+class _NothingAfter:
+    """A grammar's matcher, as the engine uses one, that allows every token for `n` tokens and then none
+    (as a regex "a" does once min_tokens masks the EOS it ends with)."""
+    is_terminated = False
+
+    def __init__(self, vocab: int, n: int):
+        self.vocab, self.n, self.seen = vocab, n, 0
+
+    def allowed(self):
+        return torch.full((self.vocab,), self.seen < self.n)
+
+    def accept(self, token):
+        self.seen += 1
+        return True
+
+
+def test_a_request_whose_constraints_leave_no_token_ends_alone_with_an_error_naming_them(tiny):
+    """Greedy took token 0 from a row with every token forbidden, and sampling failed the whole step
+    inside torch.multinomial. Now that request ends with "error" and why; the others in its steps get the
+    tokens they get without it, and every block comes back."""
+    seeded = SamplingParams(max_tokens=8, temperature=0.9, seed=4, ignore_eos=True)
+    engine = LLMEngine(tiny, num_blocks=12, block_size=4, max_num_batched_tokens=6)
+    engine.add_request(PROMPTS[1], GREEDY, request_id="greedy")
+    engine.add_request(PROMPTS[3], seeded, request_id="seeded")
+    for rid, n, params in [("none-at-all", 0, GREEDY), ("two-then-none", 2, seeded), ("greedy-two", 2, GREEDY)]:
+        engine.add_request(PROMPTS[0][:9], params, request_id=rid)
+        engine.requests[rid].grammar = _NothingAfter(tiny.config.vocab_size, n)
+    done = {}
+    while engine.has_unfinished():
+        done.update((r.request_id, r) for r in engine.step())
+    for rid, n in [("none-at-all", 0), ("two-then-none", 2), ("greedy-two", 2)]:
+        r = done[rid]
+        assert r.finish_reason == "error" and len(r.output_ids) == n, rid
+        assert r.error.startswith("structured_outputs") and f"after {n} output token" in r.error
+    assert done["greedy"].finish_reason == "length" and done["greedy"].error is None
+    assert done["greedy"].output_ids == generate(tiny, PROMPTS[1], GREEDY.max_tokens)
+    assert done["seeded"].output_ids == LLMEngine(tiny).generate([PROMPTS[3]], seeded)[0].output_ids
+    assert all(rec.error is None for rec in engine.step_log)
+    assert engine.block_pool.num_free == engine.block_pool.num_blocks
+
+
 def test_each_request_counts_its_drafts_checked_and_kept(tiny):
     """Per request (Request.num_draft_tokens, num_accepted_tokens) and per step (StepRecord.drafts), adding up
     to the engine's spec_decode counters."""

@@ -245,3 +245,51 @@ def test_rejection_sampling_with_the_drafts_q_keeps_p_and_accepts_the_overlap():
     overlap = float(torch.minimum(p0, q).sum())
     assert abs(kept / n - overlap) < 4 * math.sqrt(overlap * (1 - overlap) / n)
     assert overlap > float((p0 * q).sum()) + 0.1  # what a one-hot check of the same drafts would keep
+
+
+class _Forbids:
+    """A stand-in for a grammar's matcher that allows the tokens in `allowed` (none: it forbids all)."""
+
+    def __init__(self, vocab: int, allowed=()):
+        self.mask = torch.zeros(vocab, dtype=torch.bool)
+        self.mask[list(allowed)] = True
+
+    def allowed(self):
+        return self.mask
+
+
+@pytest.mark.parametrize("params", [SamplingParams(max_tokens=4), SamplingParams(max_tokens=4, temperature=1.0),
+                                    SamplingParams(max_tokens=4, min_tokens=2, logprobs=1)],
+                         ids=["greedy", "sampled", "with-history"])
+def test_a_row_left_without_a_token_samples_none_and_the_other_rows_their_own(params):
+    """Every token at -inf (a grammar that allows only what min_tokens masks): that row alone gives None;
+    greedy took token 0 from it, and sampling failed inside torch.multinomial for every row."""
+    logits = torch.tensor([[0.5, 3.0, 1.0, 2.0], [0.5, 3.0, 1.0, 2.0], [0.5, 3.0, 1.0, 2.0]])
+    grammars = [None, _Forbids(4), _Forbids(4, allowed=[2, 3])]
+    want = sample(logits, SamplingMetadata([params] * 3, [torch.Generator().manual_seed(s) for s in range(3)],
+                                           grammars=[None, None, _Forbids(4, allowed=[2, 3])]))
+    got = sample(logits, SamplingMetadata([params] * 3, [torch.Generator().manual_seed(s) for s in range(3)],
+                                          grammars=grammars))
+    assert got.token_ids == [want.token_ids[0], None, want.token_ids[2]]
+    assert got.token_ids[2] in (2, 3) and got.logprobs[1] is None
+    # min_tokens masks EOS (3), the only token the grammar leaves
+    eos_only = SamplingMetadata([params], [None], [[]], [[]], eos_token_ids=[3], grammars=[_Forbids(4, allowed=[3])])
+    assert sample(logits[:1], eos_only).token_ids == ([None] if params.min_tokens else [3])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_verifying_drafts_stops_at_a_position_that_leaves_no_token(temperature):
+    """allowed_token_ids (2,) with the bad word (2, 2): the draft 2 is kept, and after it nothing may come."""
+    from nano_engine.sampling import verify, verify_probabilistic
+
+    logits = torch.tensor([[0.0, 1.0, 2.0, 0.5]] * 3)
+    p = SamplingParams(max_tokens=8, temperature=temperature, allowed_token_ids=(2,), bad_words=("x",))
+    g = torch.Generator().manual_seed(0)
+    tokens, logprobs = verify(logits, [2, 2], p, g, [], [], bad_words=[[2, 2]])
+    assert tokens == [2, None] and logprobs == [None, None]
+    if temperature:
+        q = torch.tensor([[0.0, 0.0, 1.0, 0.0]] * 2)
+        tokens, _ = verify_probabilistic(logits, [2, 2], q, p, g, [], [], bad_words=[[2, 2]])
+        assert tokens == [2, None]
+        tokens, _ = verify_probabilistic(logits, [2, 2], q, p, g, [], [2], bad_words=[[2, 2]])
+        assert tokens == [None]  # the first draft refused, and nothing to take its place

@@ -430,6 +430,29 @@ def test_structured_output_follows_the_schema_and_leaves_the_batch_alone(server)
     assert wait_idle(server)["vllm:kv_cache_usage_perc"] == 0
 
 
+def test_a_grammar_that_leaves_no_token_fails_its_request_alone(server):
+    """A regex that nothing can follow after its "a", or a grammar whose only way out min_tokens masks:
+    a 400 naming the field (greedy used to emit token 0, sampling to fail every request of the step);
+    requests running beside it get generate's tokens."""
+    async def crowd():
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=300)
+        plain = [client.completions.create(model="smol", prompt=q, max_tokens=12, temperature=0) for q in CHAT[:3]]
+        dead = [client.completions.create(model="smol", prompt="Say a letter:", max_tokens=8, temperature=t,
+                                          extra_body={"structured_outputs": {"regex": r}, "min_tokens": m})
+                for t, r, m in [(0, r"a[^\s\S]", 0), (1.0, "a", 4), (0, "a", 4)]]
+        return await asyncio.gather(*plain, *dead, return_exceptions=True)
+
+    *plain, no_next, sampled, greedy = asyncio.run(crowd())
+    for r, q in zip(plain, CHAT[:3]):
+        assert r.choices[0].text == server.tok.decode(reference(server, server.tok(q)["input_ids"], 12),
+                                                      skip_special_tokens=True)
+    for e, named in [(no_next, "structured_outputs left"), (sampled, "structured_outputs with min_tokens"),
+                     (greedy, "structured_outputs with min_tokens")]:
+        assert isinstance(e, openai.BadRequestError) and e.param == "structured_outputs", e
+        assert e.body["message"].startswith(named) and "after 1 output token" in e.body["message"], e.message
+    assert wait_idle(server)["vllm:kv_cache_usage_perc"] == 0
+
+
 def _json_or_none(text):
     try:
         return json.loads(text)
@@ -1073,6 +1096,21 @@ def test_an_unexpected_error_and_a_request_the_engine_failed_are_500s():
     assert err["type"] == "InternalServerError"
     got = events(post(client, {"prompt": "abc", "stream": True}))  # a stream ends with the error, then [DONE]
     assert got[1:] == [{"error": err}, "[DONE]"] and got[0]["choices"][0]["text"] == "a"
+
+
+def test_a_request_whose_own_constraints_left_no_token_is_a_400_naming_its_fields():
+    why = "structured_outputs with min_tokens left no token to sample after 1 output token: every token was forbidden"
+    ended = output("", 1, True, "error")
+    ended.error = why
+    for body, param in [({"prompt": "abc", "structured_outputs": {"regex": "a"}, "min_tokens": 3}, "structured_outputs"),
+                        ({"messages": HI, "min_tokens": 3, "response_format": {
+                            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}},
+                         "response_format")]:
+        _, client = app_client(outputs=[output("a", 1), ended])
+        err = error_of(post(client, body), 400)
+        assert err["param"] == param and err["message"].startswith(param) and "no token" in err["message"]
+        got = events(post(client, {**body, "stream": True}))  # a stream ends with that error, then [DONE]
+        assert got[-2:] == [{"error": err}, "[DONE]"]
 
 
 def test_a_default_max_tokens_is_what_the_context_and_the_kv_cache_leave():

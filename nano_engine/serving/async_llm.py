@@ -62,6 +62,7 @@ class RequestOutput:
     first_scheduled_time: float | None = None  # time.perf_counter() when its first step began
     num_draft_tokens: int = 0  # speculative decoding: drafts checked so far, and of them kept
     num_accepted_tokens: int = 0
+    error: str | None = None  # with "error": why, when the request's own constraints left no token (Request.error)
 
 
 class EngineDeadError(RuntimeError):
@@ -379,7 +380,7 @@ class AsyncLLM:
                 token_times=list(req.token_times[stream.num_sent:]), num_prompt_tokens=req.num_prompt_tokens,
                 num_cached_tokens=max(req.num_cached_tokens, 0), num_output_tokens=len(req.output_ids),
                 arrival_time=req.arrival_time, finished=req.is_finished, finish_reason=req.finish_reason,
-                stop_reason=req.stop_reason if req.is_finished else None,
+                stop_reason=req.stop_reason if req.is_finished else None, error=req.error,
                 logprobs=list(req.logprobs[stream.num_sent:]) if sp.logprobs is not None else None,
                 prompt_logprobs=(list(req.prompt_logprobs) if sp.prompt_logprobs is not None and not stream.sent_any
                                  else None),

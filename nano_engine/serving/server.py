@@ -460,6 +460,8 @@ class OpenAIServing:
         chat = isinstance(req, ChatCompletionRequest)
         out = c.last
         reason = out.finish_reason if out is not None and out.finished else None
+        if reason == "error" and out.error:  # its own constraints left no token: a 400 naming them
+            raise self._engine_error(ValueError(out.error), req)
         if reason == "error":
             raise APIError("the engine failed while running this request (see the server's log)", None, 500,
                            "InternalServerError")
