@@ -471,7 +471,8 @@ def test_a_named_or_required_tool_is_called_with_arguments_of_its_schema(server)
     assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments)["city"], str)
     pieces = [c.choices[0].delta.tool_calls for c in server.client.chat.completions.create(
         model="smol", messages=ask, max_tokens=40, temperature=0, tools=[TOOL], tool_choice=named, stream=True)]
-    assert pieces[0][0].function.name == "get_weather" and pieces[0][0].id
+    assert pieces[0] is None  # the role's chunk, then the call's: its name and id with the first piece
+    assert pieces[1][0].function.name == "get_weather" and pieces[1][0].id
     assert "".join(p[0].function.arguments for p in pieces if p) == call.function.arguments
     add = {"type": "function", "function": {"name": "add", "parameters": {
         "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
@@ -752,7 +753,7 @@ def test_the_served_name_comes_from_the_flag_or_the_model_path(argv, name):
 
 # ----- the app on a scripted engine: what goes to the engine, what comes back on the wire -----
 class CharTokenizer:
-    """Token ids are code points; the chat template writes 'role: content' lines, then 'assistant: '."""
+    """Token ids are code points; the chat template writes 'role: content' lines, then 'assistant: ' when a reply is to follow."""
     eos_token_id = 0
 
     def __init__(self, batch_encoding: bool = False):
@@ -765,11 +766,12 @@ class CharTokenizer:
         return "".join(map(chr, ids))
 
     def apply_chat_template(self, messages, add_generation_prompt, tokenize, tools=None):
-        assert add_generation_prompt is True and tokenize is True
+        assert tokenize is True
         self.templated.append(messages)
         if any(m["content"] == "break the template" for m in messages):
             raise ValueError("roles must alternate")
-        ids = [ord(c) for c in "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "]
+        ids = [ord(c) for c in "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+               + ("assistant: " if add_generation_prompt else "")]
         return {"input_ids": ids, "attention_mask": [1] * len(ids)} if self.batch_encoding else ids
 
 
@@ -1299,13 +1301,33 @@ def test_a_chat_stream_whole():
         return {**head, "choices": [{"index": 0, "logprobs": None, "finish_reason": reason, "stop_reason": None,
                                      "delta": delta}]}
 
-    # the first chunk names the role even with no text yet; a last chunk with no text has an empty delta
-    assert got == [chunk({"role": "assistant", "content": ""}), chunk({"content": "Hi"}),
-                   chunk({"content": " there"}), chunk({}, "stop"), "[DONE]"]
+    # vLLM's: a chunk of its own names the role (at the first output: a client's TTFT stays the first
+    # token's); a last chunk with no text has an empty delta
+    role = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                 "finish_reason": None}]}
+    assert got == [role, chunk({"content": "Hi"}), chunk({"content": " there"}), chunk({}, "stop"), "[DONE]"]
+    assert llm.streams[-1].exited == 1
+
+    def deltas(body):
+        got = events(post(client, {"stream": True, **body}))
+        return [(c["choices"][0]["index"], c["choices"][0]["delta"], c["choices"][0]["finish_reason"])
+                for c in got[:-1]], got
+
     llm.outputs[:] = [output("A", 1), output("B", 2, True, "length")]
-    got = events(post(client, {"messages": HI, "stream": True}))
-    assert [(c["choices"][0]["delta"], c["choices"][0]["finish_reason"]) for c in got[:-1]] == [
-        ({"role": "assistant", "content": "A"}, None), ({"content": "B"}, "length")]
+    assert deltas({"messages": HI})[0] == [(0, {"role": "assistant", "content": ""}, None), (0, {"content": "A"}, None),
+                                           (0, {"content": "B"}, "length")]
+    # echo: the last message, when it has the reply's role, in a chunk of its own after the role's
+    go_on = HI + [{"role": "assistant", "content": "Well,"}]
+    got, raw = deltas({"messages": go_on, "echo": True, "add_generation_prompt": False, "return_token_ids": True})
+    assert got[:2] == [(0, {"role": "assistant", "content": ""}, None), (0, {"content": "Well,"}, None)]
+    assert raw[0]["prompt_token_ids"] == llm.added[-1].ids and "prompt_token_ids" not in raw[1]
+    assert deltas({"messages": HI, "echo": True})[0][:2] == [(0, {"role": "assistant", "content": ""}, None),
+                                                             (0, {"content": "A"}, None)]  # nothing to repeat
+    # n choices: each one's role first
+    got, _ = deltas({"messages": HI, "n": 2, "temperature": 1.0})
+    assert sorted(got[:2]) == [(0, {"role": "assistant", "content": ""}, None),
+                               (1, {"role": "assistant", "content": ""}, None)]
+    assert all("role" not in d for _, d, _ in got[2:])
 
 
 def lp(token, logprob, *tops):
@@ -1339,7 +1361,8 @@ def test_streamed_logprobs_go_with_the_chunk_that_carries_their_text():
          "text_offset": [1, 2]},  # the held-back token's logprob comes with the next chunk that is sent
         {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}]
     got = events(post(client, {"messages": HI, "logprobs": True, "stream": True}))
-    assert [[x["token"] for x in c["choices"][0]["logprobs"]["content"]] for c in got[:-1]] == [
+    assert got[0]["choices"][0]["logprobs"] is None  # the role's chunk
+    assert [[x["token"] for x in c["choices"][0]["logprobs"]["content"]] for c in got[1:-1]] == [
         ["a"], ["\x01", "c"], []]
     llm.outputs[:] = [output("a", 1), output("bc", 3, True, "stop")]  # none asked for, none sent
     got = events(post(client, {"prompt": "abc", "stream": True}))

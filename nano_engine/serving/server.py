@@ -473,16 +473,14 @@ class OpenAIServing:
             calls, reason = self._tool_calls(req, c, text, delta, first, reason)
             choice["finish_reason"] = reason
             if delta:
-                choice["delta"] = {**({"role": "assistant", "content": None} if first else {}),
-                                   **({"tool_calls": calls} if calls else {})}
+                choice["delta"] = {"tool_calls": calls} if calls else {}
                 if reason and not calls and tool_mode(req) == "required":  # cut short: the text, as a plain
                     choice["delta"]["content"] = "".join(c.text)  # response gives it (held back until now)
             else:
                 choice["message"] = {"role": "assistant", "content": None if calls else text,
                                      **({"tool_calls": calls} if calls else {})}
         elif delta:
-            choice["delta"] = ({"role": _reply_role(req), "content": text} if first else
-                               ({"content": text} if text or not reason else {}))
+            choice["delta"] = {"content": text} if text or not reason else {}
         else:
             choice["message"] = {"role": _reply_role(req), "content": text}
         if req.return_token_ids:
@@ -558,7 +556,7 @@ class OpenAIServing:
         obj = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
         queue: asyncio.Queue = asyncio.Queue()
         pumps = [asyncio.ensure_future(c.pump(queue)) for c in choices]
-        left = len(choices)
+        left, opened = len(choices), not chat
         try:
             while left:
                 c, out = await queue.get()
@@ -567,6 +565,10 @@ class OpenAIServing:
                     continue
                 if isinstance(out, BaseException):
                     raise self._engine_error(out, req)
+                if not opened:  # a chat's first output: each choice's role first, then what echo repeats (vLLM's)
+                    opened = True
+                    for event in self._chat_opening(req, choices, obj, continuous):
+                        yield _event(event)
                 c.take(out)
                 if not echo_only:
                     c.pending_ids += out.new_token_ids
@@ -574,10 +576,10 @@ class OpenAIServing:
                         c.pending = (c.pending or []) + [(x.token_id, x) for x in out.logprobs]
                 text = "" if echo_only else out.new_text
                 c.text.append(text)
-                if not (text or out.finished or (c.sent == 0 and (chat or req.echo))):
+                if not (text or out.finished or (c.sent == 0 and req.echo and not chat)):
                     continue  # text held back (half a character, a possible stop string)
                 first = c.sent == 0
-                if first:
+                if first and not chat:
                     prefix, entries = self._echo(req, c)
                     text = prefix + text
                     if entries:
@@ -590,8 +592,6 @@ class OpenAIServing:
                 c.pending_ids = []
                 c.sent += 1
                 event = {**obj, "choices": [choice]}
-                if chat and first and req.return_token_ids:
-                    event["prompt_token_ids"] = c.prompt.ids
                 if continuous:
                     done = 0 if echo_only else c.last.num_output_tokens
                     event["usage"] = {"prompt_tokens": len(c.prompt.ids), "completion_tokens": done,
@@ -607,6 +607,23 @@ class OpenAIServing:
             for c in choices:
                 c.stream.abort()
         yield "data: [DONE]\n\n"
+
+    def _chat_opening(self, req, choices: list[_Choice], obj: dict, continuous: bool) -> list[dict]:
+        """The chunks a chat stream starts with once the engine has the first output (so a client's TTFT
+        is still the first token's): each choice's role with empty content, then, with echo, the last
+        message's text when it has the reply's role (vLLM's chat_completion_stream_generator)."""
+        def event(c: _Choice, delta: dict) -> dict:
+            n = len(c.prompt.ids)
+            usage = {"usage": {"prompt_tokens": n, "completion_tokens": 0, "total_tokens": n}} if continuous else {}
+            return {**obj, "choices": [{"index": c.index, "delta": delta, "logprobs": None, "finish_reason": None}],
+                    **usage}
+
+        roles = [event(c, {"role": _reply_role(req), "content": ""}) for c in choices]
+        if req.return_token_ids:
+            for e, c in zip(roles, choices):
+                e["prompt_token_ids"] = c.prompt.ids
+        echoed = self._echo(req, choices[0])[0]
+        return roles + [event(c, {"content": echoed}) for c in choices if echoed]
 
 
 def _reply_role(req) -> str:
