@@ -266,6 +266,7 @@ def test_run_fails_with_the_configs_that_differ_on_the_chapters_prompts(capsys, 
 
 
 @pytest.mark.parametrize("name, module", [("serve", "cli.serve"), ("bench-serve", "cli.bench_serve"),
+                                          ("bench serve", "cli.bench_serve"),  # as vLLM spells it
                                           ("vllm-args", "cli.vllm_args")])
 def test_subcommands_hand_the_rest_of_the_line_to_their_module(monkeypatch, name, module):
     import importlib
@@ -275,8 +276,8 @@ def test_subcommands_hand_the_rest_of_the_line_to_their_module(monkeypatch, name
     mod = importlib.import_module(f"nano_engine.{module}")
     got = []
     monkeypatch.setattr(mod, "main", lambda argv: got.append(argv) or 7)
-    assert entry.main([name, "--x", "1"]) == 7 and got == [["--x", "1"]]
-    monkeypatch.setattr(entry.sys, "argv", ["nano_engine", name, "--y"])
+    assert entry.main([*name.split(), "--x", "1"]) == 7 and got == [["--x", "1"]]
+    monkeypatch.setattr(entry.sys, "argv", ["nano_engine", *name.split(), "--y"])
     assert entry.main() == 7 and got[-1] == ["--y"]
 
 

@@ -191,6 +191,29 @@ def test_an_error_in_the_stream_or_no_chunk_at_all_is_a_failed_record(events, er
     assert not record.success and error in record.error and record.output_tokens == 0 and got == text
 
 
+def test_a_usage_chunk_that_is_not_a_count_fails_its_request_alone():
+    """A proxy's null, a string, a negative or a NaN count: that request fails naming the field (it
+    used to raise out of the whole run); null keeps the sent length, and 0 output tokens counts the chunks."""
+    def usage(**fields):
+        return sse('data: {"choices": [{"text": "a"}]}', 'data: {"choices": [{"text": "b"}]}',
+                   "data: " + json.dumps({"choices": [], "usage": fields}), "data: [DONE]")
+
+    for fields, named in [({"completion_tokens": "abc"}, "completion_tokens is 'abc'"),
+                          ({"completion_tokens": -1}, "completion_tokens is -1"),
+                          ({"completion_tokens": [2]}, "completion_tokens is [2]"),
+                          ({"completion_tokens": 2, "prompt_tokens": True}, "prompt_tokens is True")]:
+        record, _ = send(lambda request: httpx.Response(200, content=usage(**fields)))
+        assert not record.success and named in record.error, record.error
+    record, _ = send(lambda request: httpx.Response(200, content=usage(completion_tokens=2, prompt_tokens=None)))
+    assert record.success and (record.prompt_tokens, record.output_tokens) == (3, 2)
+    record, _ = send(lambda request: httpx.Response(200, content=usage(completion_tokens=0, prompt_tokens=7)))
+    assert record.success and (record.prompt_tokens, record.output_tokens) == (7, 2)
+    nan = sse('data: {"choices": [{"text": "a"}]}', 'data: {"choices": [], "usage": {"completion_tokens": NaN}}',
+              "data: [DONE]")
+    record, _ = send(lambda request: httpx.Response(200, content=nan))
+    assert not record.success and "completion_tokens is nan" in record.error
+
+
 def test_a_server_error_or_a_transport_error_is_one_readable_line():
     record, _ = send(lambda request: httpx.Response(400, json={"error": {"message": "max_tokens\n is too large"}}))
     assert not record.success and record.error == "HTTP 400: max_tokens is too large"  # the server's own message
@@ -468,6 +491,34 @@ def test_w2_loads_as_recorded(tmp_path, monkeypatch):
     monkeypatch.setattr(datasets, "W2_PATHS", (tmp_path / "a.json", tmp_path / "b.json"))
     with pytest.raises(FileNotFoundError, match="a.json.*b.json"):  # every place it looked
         datasets.find_w2()
+
+
+@pytest.mark.parametrize("content, named", [
+    ("{", "not JSON"), ("[1, 2]", "'requests' is a non-empty list"), ('{"requests": []}', "non-empty list"),
+    ('{"foo": 1}', "'requests'"), ('{"requests": [5]}', "requests[0] must be an object"),
+    ('{"requests": [{"prompt": "hi", "max_tokens": 4}]}', "requests[0].prompt_ids"),
+    ('{"requests": [{"prompt_ids": [1, 2], "max_tokens": 4}, {"prompt_ids": "12", "max_tokens": 4}]}',
+     "requests[1].prompt_ids"),
+    ('{"requests": [{"prompt_ids": [1, -2], "max_tokens": 4}]}', "requests[0].prompt_ids"),
+    ('{"requests": [{"prompt_ids": [1], "max_tokens": "abc"}]}', "requests[0].max_tokens"),
+    ('{"requests": [{"prompt_ids": [1], "max_tokens": -4}]}', "requests[0].max_tokens"),
+    ('{"requests": [{"prompt_ids": [1], "max_tokens": 4, "ignore_eos": "yes"}]}', "requests[0].ignore_eos"),
+])
+def test_a_broken_w2_file_is_refused_naming_the_file_and_the_entry(tmp_path, capsys, content, named):
+    path = tmp_path / "mine.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=re.escape(named)) as e:
+        get_samples("w2", 2, dataset_path=str(path))
+    assert "mine.json" in str(e.value)
+    code, out, err = cli(capsys, "--dataset-name", "w2", "--dataset-path", str(path))
+    assert code == 2 and "--dataset-path" in err[-1] and named in err[-1], err
+    code, _, err = cli(capsys, "--dataset-name", "w2", "--dataset-path", str(tmp_path / "none.json"))
+    assert code == 2 and "none.json" in err[-1]
+    text_less = tmp_path / "ids.json"  # the chat backend sends the recorded text
+    text_less.write_text('{"requests": [{"prompt_ids": [1], "max_tokens": 4}]}')
+    assert get_samples("w2", 1, dataset_path=str(text_less))[0].prompt == [1]
+    with pytest.raises(ValueError, match=r"requests\[0\].prompt must be"):
+        get_samples("w2", 1, dataset_path=str(text_less), as_text=True)
 
 
 @pytest.mark.parametrize("call, field", [

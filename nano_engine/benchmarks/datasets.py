@@ -128,15 +128,40 @@ def w2_requests(num_requests: int | None = None, path: str | Path | None = None,
     ignored): token ids as recorded, or the recorded text for chat. More requests than the
     file holds cycle through it in order (vLLM oversamples at random; a fixed order keeps two
     runs comparable)."""
-    reqs = json.loads(find_w2(path).read_text())["requests"]
+    reqs = _read_w2(find_w2(path), as_text)
     n = len(reqs) if num_requests is None else _positive("num_prompts", num_requests)
     out = []
     for i in range(n):
         r = reqs[i % len(reqs)]
         prompt = r["prompt"] if as_text else list(r["prompt_ids"])
-        out.append(SampleRequest(prompt, len(r["prompt_ids"]), int(r["max_tokens"]),
-                                 bool(r.get("ignore_eos", False))))
+        out.append(SampleRequest(prompt, len(r["prompt_ids"]), r["max_tokens"], r.get("ignore_eos", False)))
     return out
+
+
+def _read_w2(path: Path, as_text: bool) -> list[dict]:
+    """The requests of a W2 file, each checked: a ValueError names the file and the entry."""
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{path} is not JSON: {e}") from None
+    reqs = data.get("requests") if isinstance(data, dict) else None
+    if not isinstance(reqs, list) or not reqs:
+        raise ValueError(f"{path} must be a JSON object whose 'requests' is a non-empty list")
+    for i, r in enumerate(reqs):
+        where = f"{path}: requests[{i}]"
+        if not isinstance(r, dict):
+            raise ValueError(f"{where} must be an object, got {r!r:.60}")
+        ids, max_tokens = r.get("prompt_ids"), r.get("max_tokens")
+        if not (isinstance(ids, list) and ids and all(type(t) is int and t >= 0 for t in ids)):
+            raise ValueError(f"{where}.prompt_ids must be a non-empty list of token ids (ints >= 0), got {ids!r:.60}")
+        if type(max_tokens) is not int or max_tokens < 1:
+            raise ValueError(f"{where}.max_tokens must be an integer >= 1, got {max_tokens!r:.60}")
+        if as_text and not isinstance(r.get("prompt"), str):
+            raise ValueError(f"{where}.prompt must be the prompt's text (the chat backend sends it), "
+                             f"got {r.get('prompt')!r:.60}")
+        if not isinstance(r.get("ignore_eos", False), bool):
+            raise ValueError(f"{where}.ignore_eos must be true or false, got {r['ignore_eos']!r:.60}")
+    return reqs
 
 
 def get_samples(dataset_name: str, num_prompts: int | None, *, tokenizer=None, as_text: bool = False,

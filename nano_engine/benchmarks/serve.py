@@ -86,6 +86,17 @@ def _error_text(status: int, body: bytes) -> str:
     return f"HTTP {status}: {' '.join(str(message).split())}"
 
 
+def _usage_count(usage: dict, key: str, default):
+    """A token count from a usage chunk: `default` where it is absent or null; a ValueError (the
+    request fails, the run goes on) for anything but a whole number >= 0."""
+    value = usage.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"the usage chunk's {key} is {value!r}, not a count of tokens")
+    return value
+
+
 async def send_request(client: httpx.AsyncClient, api_url: str, backend: str, payload: dict,
                        prompt_len: int, timeout: float) -> tuple[RequestRecord, str]:
     """Send one streamed request; return its timestamps and the generated text. Never raises
@@ -117,8 +128,8 @@ async def send_request(client: httpx.AsyncClient, api_url: str, backend: str, pa
                                 (choices[0].get("delta") or {}).get("content")
                             text.append(piece or "")
                         elif usage := chunk.get("usage"):
-                            output_tokens = usage.get("completion_tokens")
-                            prompt_tokens = usage.get("prompt_tokens", prompt_tokens)
+                            output_tokens = _usage_count(usage, "completion_tokens", None)
+                            prompt_tokens = _usage_count(usage, "prompt_tokens", prompt_tokens)
                         elif err := chunk.get("error"):  # an error reported mid-stream
                             error = f"stream error: {err.get('message', err) if isinstance(err, dict) else err}"
                     if not chunk_times and not error:
@@ -133,8 +144,9 @@ async def send_request(client: httpx.AsyncClient, api_url: str, backend: str, pa
     if error:
         end = max([time.perf_counter(), *chunk_times])
         return RequestRecord(start, chunk_times, end, int(prompt_len), 0, False, error), "".join(text)
-    # Without a usage chunk, one token per chunk (what vLLM's and our server send).
-    n_out = int(output_tokens) if output_tokens is not None else len(chunk_times)
+    # Without a usage chunk, or with 0 tokens in it (vLLM's client then counts them itself), one token
+    # per chunk (what vLLM's and our server send).
+    n_out = output_tokens or len(chunk_times)
     return RequestRecord(start, chunk_times, chunk_times[-1], int(prompt_tokens), n_out), "".join(text)
 
 

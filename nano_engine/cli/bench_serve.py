@@ -170,14 +170,19 @@ def run(ap: argparse.ArgumentParser, args) -> int:
         from ..models.loading import load_tokenizer
 
         tokenizer = load_tokenizer(args.tokenizer)
-    requests = get_samples(
-        args.dataset_name, args.num_prompts, tokenizer=tokenizer, as_text=args.backend == "openai-chat",
-        seed=args.seed, dataset_path=args.dataset_path, random_input_len=args.random_input_len,
-        random_output_len=args.random_output_len, random_range_ratio=args.random_range_ratio,
-        prefix_repetition_prefix_len=args.prefix_repetition_prefix_len,
-        prefix_repetition_suffix_len=args.prefix_repetition_suffix_len,
-        prefix_repetition_num_prefixes=args.prefix_repetition_num_prefixes,
-        prefix_repetition_output_len=args.prefix_repetition_output_len)
+    try:
+        requests = get_samples(
+            args.dataset_name, args.num_prompts, tokenizer=tokenizer, as_text=args.backend == "openai-chat",
+            seed=args.seed, dataset_path=args.dataset_path, random_input_len=args.random_input_len,
+            random_output_len=args.random_output_len, random_range_ratio=args.random_range_ratio,
+            prefix_repetition_prefix_len=args.prefix_repetition_prefix_len,
+            prefix_repetition_suffix_len=args.prefix_repetition_suffix_len,
+            prefix_repetition_num_prefixes=args.prefix_repetition_num_prefixes,
+            prefix_repetition_output_len=args.prefix_repetition_output_len)
+    except (OSError, ValueError) as e:
+        if not args.dataset_path:
+            raise
+        ap.error(f"--dataset-path: {e}")  # the file the user named: a bad argument
     base_url = args.base_url or f"http://{args.host}:{args.port}"
     goodput = {k: v for d in args.goodput or [] for k, v in d.items()}
     results = []

@@ -129,6 +129,8 @@ SUBCOMMANDS = {"serve": "serve", "bench-serve": "bench_serve", "vllm-args": "vll
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:2] == ["bench", "serve"]:  # vLLM's spelling, `vllm bench serve`
+        argv = ["bench-serve", *argv[2:]]
     if argv and argv[0] in SUBCOMMANDS:
         import importlib
 
