@@ -425,6 +425,12 @@ CONFIG_REFUSALS = [  # (changes to BASE_CONFIG, "delete" to delete a key; what t
     ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "linear"),
     ({"rope_scaling": {"rope_type": "dynamic", "type": "llama3"}}, "dynamic"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "original_max_position_embeddings"),
+    ({"hidden_act": "gelu"}, "hidden_act='gelu'"),  # the logits would be silu's
+    ({"model_type": "mistral", "sliding_window": 4096, "max_position_embeddings": 32768}, "sliding_window=4096"),
+    ({"model_type": "mistral", "sliding_window": 4096}, "sliding_window=4096"),  # no context given: it may bite
+    ({"model_type": "qwen2", "sliding_window": 64, "use_sliding_window": True, "max_position_embeddings": 128},
+     "sliding_window=64"),
+    ({"model_type": "mistral", "sliding_window": "4k"}, "sliding_window"),
 ]
 
 
@@ -449,7 +455,12 @@ def test_a_config_the_engine_cannot_run_is_refused_naming_the_field(changes, nam
     {"hidden_size": 66, "head_dim": 16},  # hidden_size need not divide
     {"rms_norm_eps": 1e-9, "rope_theta": 1, "tie_word_embeddings": False, "attention_bias": True},
     {"bos_token_id": 0, "eos_token_id": [0, 2]}, {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
-    {"rope_scaling": {"type": None}},
+    {"rope_scaling": {"type": None}}, {"hidden_act": "silu"},
+    {"model_type": "qwen2", "sliding_window": 131072, "use_sliding_window": False,  # Qwen2.5's: off
+     "max_position_embeddings": 32768},
+    {"model_type": "mistral", "sliding_window": None},  # Mistral v0.3's: none
+    {"model_type": "mistral", "sliding_window": 4096, "max_position_embeddings": 4096},  # as long as the context
+    {"model_type": "qwen3", "sliding_window": None, "use_sliding_window": False},
     {"rope_scaling": {}, "rope_parameters": {"rope_type": "llama3", "factor": 8,
                                             "original_max_position_embeddings": 8}},
 ])

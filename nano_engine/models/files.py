@@ -77,6 +77,17 @@ def check_config(raw, source) -> None:
     if (not raw.get("head_dim") and raw["hidden_size"] % heads) or head_dim % 2:
         raise ModelLoadError(f"{source}: head_dim={head_dim} (or hidden_size / num_attention_heads "
                              "without a head_dim) must be a whole, even number")
+    act = present.get("hidden_act", "silu")
+    if act != "silu":  # the MLP is SwiGLU: silu(gate) * up
+        raise ModelLoadError(f"{source}: hidden_act={act!r} is not supported (the MLP computes silu)")
+    # Mistral's sliding_window applies where it is given; Qwen2's only with use_sliding_window. A window
+    # at least as long as the context never cuts anything; a shorter one the engine does not implement.
+    window = present.get("sliding_window")
+    if window is not None and present.get("use_sliding_window", True):
+        field(checks.integer, "sliding_window", window, minimum=1)
+        if window < present.get("max_position_embeddings", window + 1):
+            raise ModelLoadError(f"{source}: sliding_window={window} is not supported: the engine attends to the "
+                                 "whole context, and past the window the logits would differ")
     rope = present.get("rope_parameters", {})
     if not isinstance(rope, dict):
         raise ModelLoadError(f"{source}: rope_parameters must be an object, got {rope!r}")
