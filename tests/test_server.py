@@ -642,8 +642,8 @@ def serve_spies(monkeypatch):
     monkeypatch.setattr(loading, "load_tokenizer", lambda path: seen.calls.append(("tokenizer", path)) or tokenizer)
     monkeypatch.setattr(kernels, "build", lambda: seen.calls.append(("build",)) or real_build())
     monkeypatch.setattr(uvicorn, "Config", lambda app, **kw: seen.configs.append(kw) or real_config(app, **kw))
-    monkeypatch.setattr(uvicorn.Server, "run",
-                        lambda self: seen.apps.append((self.config.app, threading.current_thread())))
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: seen.apps.append(
+        (self.config.app, threading.current_thread(), sockets)))
     monkeypatch.setattr(serve_cli.signal, "signal", lambda *a: seen.signals.append(a))
     monkeypatch.setattr(torch, "set_num_threads", lambda n: seen.threads.append(n))
     return seen
@@ -663,8 +663,9 @@ def test_serve_hands_its_flags_to_the_model_the_engine_uvicorn_and_sigterm(serve
     assert (config["host"], config["port"], config["log_level"]) == ("127.0.0.2", 0, "error")
     # The model is loaded in the engine thread, which alone runs torch; uvicorn's event loop runs in this one.
     # run() shuts the engine down when uvicorn returns.
-    [(app, served_in)] = seen.apps
+    [(app, served_in, [sock])] = seen.apps  # uvicorn serves on the socket bound before the model loaded
     assert served_in is threading.current_thread() and loaded_in is not served_in and not loaded_in.is_alive()
+    assert sock.fileno() == -1  # closed once uvicorn returned
     assert TestClient(app).get("/v1/models").json()["data"][0]["id"] == "m"  # the served name: m of m.gguf
     assert app.state.serving.llm.engine.runner.attention_backend == "c"  # auto: the kernel, where it builds
     [(signum, handler)] = seen.signals  # SIGTERM ends the process with status 0
@@ -678,7 +679,7 @@ def test_serve_hands_its_flags_to_the_model_the_engine_uvicorn_and_sigterm(serve
 
 def test_serve_takes_max_model_len_and_refuses_one_above_the_models_by_name(serve_spies, capsys):
     assert serve_cli.main(["--port", "0", "--max-model-len", "100"]) == 0
-    [(app, _)] = serve_spies.apps
+    [(app, _, _)] = serve_spies.apps
     assert TestClient(app).get("/v1/models").json()["data"][0]["max_model_len"] == 100
     positions = app.state.serving.llm.engine.model.config.max_position_embeddings
     assert serve_cli.main(["--port", "0", "--max-model-len", str(positions + 1)]) == 2
@@ -689,12 +690,27 @@ def test_serve_takes_max_model_len_and_refuses_one_above_the_models_by_name(serv
 def test_serve_builds_the_c_kernel_before_the_model_and_the_engine_runs_it(serve_spies):
     assert serve_cli.main(["--port", "0", "--attention-backend", "c", "--dtype", "fp32"]) == 0
     assert [c[0] for c in serve_spies.calls[:2]] == ["build", "check"]  # no compiler: it fails before the load
-    [(app, _)] = serve_spies.apps
+    [(app, _, _)] = serve_spies.apps
     assert app.state.serving.llm.engine.runner.attention_backend == "c"
 
 
+def test_a_port_in_use_or_a_host_not_here_is_refused_before_the_model_loads(serve_spies, capsys):
+    """serve binds its socket first (vLLM's setup_server): uvicorn found out only after the model loaded."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for argv, named in [(["--port", str(port)], f"--port {port}"), (["--host", "999.1.1.1"], "999.1.1.1")]:
+            assert serve_cli.main(argv) == 2
+            last = capsys.readouterr().err.strip().splitlines()[-1]
+            assert named in last and "cannot listen" in last, last
+    assert serve_spies.calls == [] and serve_spies.apps == []
+
+
 def test_serve_exits_1_naming_the_error_and_stops_the_engine_when_uvicorn_fails(serve_spies, monkeypatch, capsys):
-    def broken(self):
+    def broken(self, sockets=None):
         raise OSError("[Errno 98] address already in use")
     monkeypatch.setattr(uvicorn.Server, "run", broken)
     assert serve_cli.main(["--port", "0"]) == 1

@@ -13,9 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import ipaddress
+import logging
 import os
 import pathlib
 import signal
+import socket
 import sys
 
 from .common import add_quantization, check_quantization, guarded, positive_int
@@ -163,6 +165,7 @@ def run(ap: argparse.ArgumentParser, args) -> int:
         if DTYPES[args.dtype] not in kernels.DTYPES:
             ap.error(f"--attention-backend c runs float32 and bfloat16, got --dtype {args.dtype}")
         kernels.build()  # before the model loads: a missing compiler fails in a second, by name
+    sock = bind(ap, args.host, args.port)  # before the model loads, as vLLM's setup_server does
     path = check_model(args.model)
 
     def make_engine() -> LLMEngine:  # run in the engine thread: it alone runs torch (AsyncLLM)
@@ -182,12 +185,45 @@ def run(ap: argparse.ArgumentParser, args) -> int:
             app = build_app(llm, served_name(args), args.api_key, args.max_model_len)
         except ValueError as e:  # --max-model-len above the model's or the cache's
             ap.error(str(e).replace("max_model_len=", "--max-model-len ", 1))
-        server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
-                                               log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5))
-        server.run()
+        server = _server_class()(uvicorn.Config(app, host=args.host, port=args.port,
+                                                log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5))
+        server.run(sockets=[sock])
     finally:
         llm.shutdown()
+        sock.close()
     return 0
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server on a socket bound beforehand: it says where it listens, in uvicorn's words
+        (which it leaves out for a socket it did not bind; ServerProcess reads the port from them)."""
+
+        async def startup(self, sockets=None):
+            await super().startup(sockets)
+            if self.started and sockets:
+                host, port = sockets[0].getsockname()[:2]
+                logging.getLogger("uvicorn.error").info(
+                    "Uvicorn running on http://%s:%d (Press CTRL+C to quit)",
+                    f"[{host}]" if ":" in host else host, port)
+
+    return Server
+
+
+def bind(ap: argparse.ArgumentParser, host: str, port: int) -> socket.socket:
+    """The server's socket, bound before anything loads: a port in use or a host that is not an address
+    of this machine is one line in a second, not an error from uvicorn after the model has loaded."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds its own
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        ap.error(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})")
+    sock.set_inheritable(True)
+    return sock
 
 
 def is_loopback(host: str) -> bool:
