@@ -396,6 +396,9 @@ def test_model_paths_and_what_is_not_a_model(tmp_path, monkeypatch):
     assert loading.resolve_model_path(tmp_path / "m.gguf") == tmp_path / "m.gguf"  # a path given wins over the env
     monkeypatch.setenv("NANO_ENGINE_MODEL", str(tmp_path / "gone"))
     refused(loading.resolve_model_path, tmp_path / "gone", "$NANO_ENGINE_MODEL", error=ModelNotFoundError)
+    refused(lambda: loading.resolve_model_path(""), "empty", error=ModelNotFoundError)  # not the current folder
+    monkeypatch.setenv("NANO_ENGINE_MODEL", " ")
+    refused(loading.resolve_model_path, "empty", "$NANO_ENGINE_MODEL", error=ModelNotFoundError)
 
 
 def test_check_model_reads_no_weights(tmp_path, monkeypatch):

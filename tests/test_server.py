@@ -763,8 +763,17 @@ def test_serve_flags_spelled_as_vllm_spells_them_reach_the_engine_config():
     (["--model", "/m/qwen3/"], "qwen3"), (["--model", "/m/x.bin"], "x.bin"),
     (["--model", "/m/a.gguf", "--served-model-name", "mine"], "mine"),
 ])
-def test_the_served_name_comes_from_the_flag_or_the_model_path(argv, name):
+def test_the_served_name_comes_from_the_flag_or_the_model_path(argv, name, monkeypatch):
+    monkeypatch.delenv("NANO_ENGINE_MODEL", raising=False)
     assert serve_cli.served_name(serve_cli.build_parser().parse_args(argv)) == name
+
+
+def test_the_served_name_of_a_model_named_by_the_environment_or_by_dot_is_its_folders(monkeypatch, tmp_path):
+    parse = serve_cli.build_parser().parse_args
+    monkeypatch.setenv("NANO_ENGINE_MODEL", "/m/llama-3")  # it was the embedded model's name
+    assert serve_cli.served_name(parse([])) == "llama-3" and serve_cli.served_name(parse(["--model", "/m/q"])) == "q"
+    monkeypatch.chdir(tmp_path)
+    assert serve_cli.served_name(parse(["--model", "."])) == tmp_path.name  # it was "."
 
 
 # ----- the app on a scripted engine: what goes to the engine, what comes back on the wire -----

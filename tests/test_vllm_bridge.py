@@ -107,6 +107,12 @@ def test_vllm_args_in_process_prints_the_command_and_names_its_program(tmp_path,
     assert out.out.splitlines() == [" ".join(vllm_command(EngineConfig.from_settings(max_num_batched_tokens=96), str(folder),
                                                           dtype="float32", host="127.0.0.2", port=8123,
                                                           served_model_name="mine"))]
+    # every setting that has a vLLM flag is passed on; one that has none is refused
+    assert vllm_args.main(["--model", str(folder), "--max-model-len", "128", "--api-key", "k"]) == 0
+    cmd = capsys.readouterr().out.split()
+    assert cmd[cmd.index("--max-model-len") + 1] == "128" and cmd[cmd.index("--api-key") + 1] == "k"
+    assert vllm_args.main(["--model", str(folder), "--quantization", "int8"]) == 2
+    assert "--quantization int8 has no vLLM counterpart" in capsys.readouterr().err
     assert vllm_args.main(["--model", str(folder), "--scheduling-policy", "conservative"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0].startswith("usage: python -m nano_engine vllm-args ")

@@ -131,12 +131,15 @@ def engine_config(args) -> "EngineConfig":
 
 
 def served_name(args) -> str:
+    """--served-model-name, else the model's folder name or its GGUF file's name without .gguf, for
+    --model or else $NANO_ENGINE_MODEL ("." is the folder it stands for); the embedded model's otherwise."""
     if args.served_model_name:
         return args.served_model_name
-    if args.model:
-        path = pathlib.Path(args.model)
-        return path.stem if path.suffix == ".gguf" else path.name or str(path)
-    return EMBEDDED_NAME
+    given = args.model or os.environ.get("NANO_ENGINE_MODEL")
+    if not given:
+        return EMBEDDED_NAME
+    path = pathlib.Path(os.path.abspath(pathlib.Path(given).expanduser()))
+    return path.stem if path.suffix == ".gguf" else path.name or str(path)
 
 
 def run(ap: argparse.ArgumentParser, args) -> int:

@@ -19,9 +19,13 @@ def main(argv=None) -> int:
     def run(ap, args) -> int:
         from ..models.loading import resolve_model_path
 
+        if args.quantization:  # vLLM's own --quantization methods are other formats (a checkpoint's)
+            ap.error(f"--quantization {args.quantization} has no vLLM counterpart: vLLM quantizes from "
+                     "checkpoints made for it, not the float weights at load")
         try:
             cmd = vllm_command(engine_config(args), str(hf_folder(resolve_model_path(args.model))), dtype=args.dtype,
-                               host=args.host, port=args.port, served_model_name=served_name(args))
+                               max_model_len=args.max_model_len, host=args.host, port=args.port,
+                               served_model_name=served_name(args), api_key=args.api_key)
         except ValueError as e:
             ap.error(str(e))
         print(shlex.join(cmd))

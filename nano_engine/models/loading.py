@@ -86,9 +86,11 @@ def resolve_model_path(path: str | os.PathLike | None = None) -> pathlib.Path:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path={path!r} must be a str or a path (a model folder or a .gguf file), "
                         f"got {type(path).__name__}")
+    if not str(path).strip():  # Path("") would be the current folder
+        raise ModelNotFoundError(f"the model path{origin} is empty: give a model folder or a .gguf file")
     path = pathlib.Path(path).expanduser()
     if not path.exists():
-        raise ModelNotFoundError(f"no model at {path}{origin}: no such file or folder")
+        raise ModelNotFoundError(f"no model at {str(path)!r}{origin}: no such file or folder")
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"{path}{origin}: no config.json in this folder (a model folder "
