@@ -920,8 +920,11 @@ def test_max_model_len_is_what_one_request_can_hold_or_less_if_asked():
     for bad, named in ((257, "max_position_embeddings=256"), (0, ">= 1")):
         with pytest.raises(ValueError, match=re.escape(named)):
             build_app(ScriptedLLM(num_blocks=32), "m", max_model_len=bad)
-    with pytest.raises(ValueError, match="66 is above the 65 tokens"):
+    with pytest.raises(ValueError, match="66 is above the 65 tokens .* KV cache .*--num-gpu-blocks-override"):
         build_app(ScriptedLLM(num_blocks=4), "m", max_model_len=66)
+    # the step's budget, without chunked prefill, is what to raise there (not the cache: 64 x 16 slots)
+    with pytest.raises(ValueError, match="100 is above the 33 tokens .*max_num_batched_tokens=32.*--enable-chunked"):
+        build_app(ScriptedLLM(num_blocks=64, chunked=False, max_num_batched_tokens=32), "m", max_model_len=100)
     assert 'vllm:num_requests_waiting{engine="0",model_name="m"} 2.0' in client.get("/metrics").text.splitlines()
 
 

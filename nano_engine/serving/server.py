@@ -156,11 +156,13 @@ class OpenAIServing:
         self.template_arguments = template_arguments(self.tokenizer)
         self.token_chars = longest_token(self.tokenizer)
         cache = engine.config.cache_config
-        # The most KV slots one request can hold: a default max_tokens must fit them.
+        # The most KV slots one request can hold: a default max_tokens must fit them. Without chunked
+        # prefill, a request's tokens must also go into one step (after a preemption, all of them).
         self.capacity = cache.num_blocks * cache.block_size
         sched = engine.config.scheduler_config
-        if not sched.enable_chunked_prefill:
-            self.capacity = min(self.capacity, sched.max_num_batched_tokens)
+        one_step = not sched.enable_chunked_prefill and sched.max_num_batched_tokens < self.capacity
+        if one_step:
+            self.capacity = sched.max_num_batched_tokens
         # vLLM's max_model_len: what /v1/models and /tokenize advertise and every request is held to.
         # By default the model's context, or less where one request cannot hold that much KV (its last
         # token's KV is never written: capacity + 1 tokens).
@@ -170,6 +172,9 @@ class OpenAIServing:
             max_model_len = checks.integer("max_model_len", max_model_len, minimum=1)
             if max_model_len > self.max_model_len:
                 why = (f"the model's max_position_embeddings={positions}" if max_model_len > positions else
+                       f"the {self.capacity + 1} tokens one request can have with max_num_batched_tokens="
+                       f"{self.capacity} and chunked prefill off (a prompt goes into one step; raise "
+                       f"--max-num-batched-tokens or --enable-chunked-prefill)" if one_step else
                        f"the {self.capacity + 1} tokens one request can have with this KV cache ({self.capacity} "
                        f"slots, none for the last token; more KV blocks: --num-gpu-blocks-override)")
                 raise ValueError(f"max_model_len={max_model_len} is above {why}")
