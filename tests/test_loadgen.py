@@ -14,6 +14,7 @@ import contextlib
 import json
 import math
 import re
+from types import SimpleNamespace
 
 import httpx
 import numpy as np
@@ -36,13 +37,14 @@ class FakeServer:
     """GET /v1/models, and POST /v1/completions and /v1/chat/completions streamed as scripted: each
     (delay, text) chunk, a usage chunk, data: [DONE]. A FastAPI app under uvicorn, in a thread."""
 
-    def __init__(self, chunks=((0.0, "a"), (0.0, "b")), usage_tokens=2, hold_until=0):
-        self.chunks, self.usage_tokens, self.hold_until = list(chunks), usage_tokens, hold_until
+    def __init__(self, chunks=((0.0, "a"), (0.0, "b")), usage_tokens=2, hold_until=0, root=None):
+        self.chunks, self.usage_tokens, self.hold_until, self.root = list(chunks), usage_tokens, hold_until, root
         self.bodies, self.in_flight, self.peak = [], 0, 0
 
     def app(self):
         app, released = FastAPI(), asyncio.Event()
-        app.get("/v1/models")(lambda: {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+        app.get("/v1/models")(lambda: {"object": "list", "data": [{"id": "fake-model", "object": "model",
+                                                                   **({"root": self.root} if self.root else {})}]})
 
         @app.post("/v1/{endpoint:path}")
         async def stream(endpoint: str, request: Request):
@@ -633,6 +635,32 @@ def test_cli_every_request_failed_exits_1_with_the_first_error(capsys, fake):
                          "--disable-tqdm")
     assert code == 1 and len(err) == 1 and err[0].startswith(PREFIX)
     assert "all 2 requests failed" in err[0] and "ConnectError" in err[0]
+
+
+def test_cli_draws_prompts_with_the_served_models_tokenizer_when_it_is_here(capsys, fake, monkeypatch, tokenizer,
+                                                                              tmp_path):
+    """Without --tokenizer, the ids are drawn from the vocabulary of the model the server says it loaded
+    (/v1/models root, a path on this machine); they were the embedded model's, outside a smaller one's."""
+    loaded = []
+    monkeypatch.setattr("nano_engine.models.loading.load_tokenizer", lambda path=None: loaded.append(path) or tokenizer)
+    for root, want in ((str(tmp_path), str(tmp_path)), ("org/not-here", None), (None, None)):
+        with fake(root=root) as s:
+            code, _, err = cli(capsys, "--base-url", s.url, "--num-prompts", "1", "--random-input-len", "4",
+                               "--random-output-len", "2", "--disable-tqdm")
+        assert code == 0 and loaded[-1] == want, (root, err)
+
+
+def test_cli_all_failed_on_ids_outside_the_vocabulary_says_to_pass_the_tokenizer(capsys, monkeypatch, tokenizer):
+    monkeypatch.setattr("nano_engine.models.loading.load_tokenizer", lambda path=None: tokenizer)
+
+    async def measure(*args, **kwargs):
+        errors = ["HTTP 400: prompt_ids[0]=12 is outside the vocabulary [0, 8)"] * 2
+        return {"errors": errors}, SimpleNamespace(completed=0, failed=2)
+
+    monkeypatch.setattr(bench_serve, "measure", measure)
+    monkeypatch.setattr(bench_serve, "_print_metrics", lambda *a: None)
+    code, _, err = cli(capsys, "--base-url", "http://127.0.0.1:9", "--num-prompts", "2", "--random-input-len", "4")
+    assert code == 1 and "outside the vocabulary" in err[-1] and "--tokenizer" in err[-1], err
 
 
 def test_cli_hands_every_flag_to_the_dataset_and_the_benchmark(capsys, fake, monkeypatch, tokenizer, tmp_path):

@@ -89,6 +89,8 @@ def wait_idle(s, timeout: float = 60) -> dict[str, float]:
 
 def test_completion_equals_single_request_generate(server):
     assert [m.id for m in server.client.models.list().data] == ["smol"]
+    root = httpx.get(f"{server.url}/v1/models").json()["data"][0]["root"]  # vLLM's: where the model was loaded from
+    assert root == server.engine.model.name_or_path and root.endswith(".gguf")
     ids = server.tok("The capital of France is")["input_ids"]
     want = reference(server, ids, 12)
     for prompt in (ids, "The capital of France is"):

@@ -155,6 +155,17 @@ def _print_metrics(metrics, selected: list[str]) -> None:
     print("\n".join(out))
 
 
+def served_model_path(base_url: str) -> str | None:
+    """Where the served model was loaded from, if that is on this machine: /v1/models' root (vLLM's and
+    ours give the path). The prompts drawn are token ids, so they must be that model's vocabulary's;
+    None (the server says no path here) leaves the default model's tokenizer."""
+    try:
+        root = httpx.get(f"{base_url}/v1/models", timeout=10).json()["data"][0]["root"]
+    except Exception:  # no server yet, or another shape: the benchmark itself will say
+        return None
+    return root if isinstance(root, str) and root and Path(root).exists() else None
+
+
 def run(ap: argparse.ArgumentParser, args) -> int:
     if args.request_rates and args.request_rate != math.inf:
         ap.error("--request-rate and --request-rates: give one or the other")
@@ -165,11 +176,12 @@ def run(ap: argparse.ArgumentParser, args) -> int:
                  f"{args.prefix_repetition_num_prefixes}: each prefix needs a prompt")
     if args.dataset_name == "random":
         args.ignore_eos = True  # vLLM does the same: every request makes its full length
+    base_url = args.base_url or f"http://{args.host}:{args.port}"
     tokenizer = None
     if args.dataset_name != "w2":
         from ..models.loading import load_tokenizer
 
-        tokenizer = load_tokenizer(args.tokenizer)
+        tokenizer = load_tokenizer(args.tokenizer or served_model_path(base_url))
     try:
         requests = get_samples(
             args.dataset_name, args.num_prompts, tokenizer=tokenizer, as_text=args.backend == "openai-chat",
@@ -183,7 +195,6 @@ def run(ap: argparse.ArgumentParser, args) -> int:
         if not args.dataset_path:
             raise
         ap.error(f"--dataset-path: {e}")  # the file the user named: a bad argument
-    base_url = args.base_url or f"http://{args.host}:{args.port}"
     goodput = {k: v for d in args.goodput or [] for k, v in d.items()}
     results = []
     for rate in args.request_rates or [args.request_rate]:
@@ -202,7 +213,9 @@ def run(ap: argparse.ArgumentParser, args) -> int:
         results.append(result)
         if metrics.completed == 0:
             first = next(e for e in result["errors"] if e)
-            print(f"{PROG}: error: all {metrics.failed} requests failed; the first: {first}", file=sys.stderr)
+            hint = ("; the prompts are token ids of the tokenizer's vocabulary: pass the served model's folder "
+                    "as --tokenizer" if "vocabulary" in first and tokenizer is not None else "")
+            print(f"{PROG}: error: all {metrics.failed} requests failed; the first: {first}{hint}", file=sys.stderr)
             return 1
     if args.request_rates:
         stem = Path(args.sweep_output)

@@ -766,7 +766,9 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None,
     async def models():
         return {"object": "list", "data": [{
             "id": model_name, "object": "model", "created": serving.created, "owned_by": "nano_engine",
-            "root": model_name, "max_model_len": serving.max_model_len}]}
+            # vLLM's root: the model's path (what it was loaded from), beside the name it is served as
+            "root": getattr(llm.engine.model, "name_or_path", None) or model_name,
+            "max_model_len": serving.max_model_len}]}
 
     @app.post("/v1/completions")
     @with_cancellation
