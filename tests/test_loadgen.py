@@ -637,6 +637,15 @@ def test_cli_every_request_failed_exits_1_with_the_first_error(capsys, fake):
     assert "all 2 requests failed" in err[0] and "ConnectError" in err[0]
 
 
+def test_where_the_results_go_is_checked_before_anything_is_sent(capsys, monkeypatch, tmp_path):
+    """A --result-filename or --sweep-output in a folder that is not there was found only after the run."""
+    monkeypatch.setattr(bench_serve, "measure", lambda *a, **k: pytest.fail("the benchmark ran"))
+    for argv, named in [(["--save-result", "--result-filename", str(tmp_path / "no" / "r.json")], "--result-filename"),
+                        (["--request-rates", "1,2", "--sweep-output", str(tmp_path / "no" / "stem")], "--sweep-output")]:
+        code, _, err = cli(capsys, "--dataset-name", "w2", *argv)
+        assert code == 2 and err[-1].startswith(PREFIX + named) and str(tmp_path / "no") in err[-1], err
+
+
 def test_cli_draws_prompts_with_the_served_models_tokenizer_when_it_is_here(capsys, fake, monkeypatch, tokenizer,
                                                                               tmp_path):
     """Without --tokenizer, the ids are drawn from the vocabulary of the model the server says it loaded

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -174,6 +175,13 @@ def run(ap: argparse.ArgumentParser, args) -> int:
     if args.dataset_name == "prefix_repetition" and args.num_prompts < args.prefix_repetition_num_prefixes:
         ap.error(f"--num-prompts {args.num_prompts} is below --prefix-repetition-num-prefixes "
                  f"{args.prefix_repetition_num_prefixes}: each prefix needs a prompt")
+    # Where the results go, checked before anything is sent: a run is minutes long
+    outputs = ([("--sweep-output", args.sweep_output)] if args.request_rates else []) + (
+        [("--result-filename", args.result_filename or "the current folder's file")] if args.save_result else [])
+    for flag, name in outputs:
+        folder = Path(name).parent  # the default result name is a file of the current folder
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            ap.error(f"{flag} {name}: {folder} is not a folder this process can write to")
     if args.dataset_name == "random":
         args.ignore_eos = True  # vLLM does the same: every request makes its full length
     base_url = args.base_url or f"http://{args.host}:{args.port}"
