@@ -770,6 +770,15 @@ def test_the_served_name_comes_from_the_flag_or_the_model_path(argv, name, monke
     assert serve_cli.served_name(serve_cli.build_parser().parse_args(argv)) == name
 
 
+def test_serve_takes_the_model_as_vllm_serve_does_too(capsys):
+    parse = serve_cli.build_parser().parse_args
+    assert parse(["/m/qwen3", "--port", "0"]).model == parse(["--model", "/m/qwen3"]).model == "/m/qwen3"
+    assert parse(["/m/q", "--model", "/m/q"]).model == "/m/q"
+    with pytest.raises(SystemExit):
+        parse(["/m/a", "--model", "/m/b"])
+    assert "given twice" in capsys.readouterr().err
+
+
 def test_the_served_name_of_a_model_named_by_the_environment_or_by_dot_is_its_folders(monkeypatch, tmp_path):
     parse = serve_cli.build_parser().parse_args
     monkeypatch.setenv("NANO_ENGINE_MODEL", "/m/llama-3")  # it was the embedded model's name

@@ -46,14 +46,27 @@ def _json_object(text: str) -> dict:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """serve's flags, with the model also taken as vLLM's positional MODEL (`vllm serve MODEL`)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, rest = super().parse_known_args(args, namespace)
+        if getattr(ns, "model_tag", None) is not None:
+            if ns.model is not None and ns.model != ns.model_tag:
+                self.error(f"the model is given twice: {ns.model_tag} and --model {ns.model}")
+            ns.model = ns.model_tag
+        return ns, rest
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ..models.loading import DTYPES
     from ..paged import CacheConfig
     from ..scheduler import POLICIES, SchedulerConfig
 
     d, c = SchedulerConfig(), CacheConfig()
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = _Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model_tag", nargs="?", metavar="MODEL", help="the model, as `vllm serve MODEL` takes it "
+                                                                 "(the same as --model)")
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     ap.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0 = any free port)")
     ap.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY") or None,
