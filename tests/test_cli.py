@@ -57,6 +57,7 @@ def cli(capsys, *argv):
     (["--prompt", "hi", "--prompt", "  "], "--prompt: .*empty"),
     (["--dtype", "int8"], "--dtype: invalid choice: 'int8'"),
     (["--no-such-flag"], "--no-such-flag"),
+    (["--dtype", "float16", "--attention-backend", "c"], "--attention-backend c .*float16"),  # it was after the load
 ])
 def test_bad_argument_exits_2_before_any_load(capsys, monkeypatch, argv, named):
     def no_load(*args, **kwargs):

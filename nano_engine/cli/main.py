@@ -81,6 +81,12 @@ def run(ap: argparse.ArgumentParser, args) -> int:
     check_quantization(ap, args)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.attention_backend == "c":  # as serve does: refused before anything loads
+        from ..kernels import paged_attention as kernels
+        from ..models.loading import DTYPES
+
+        if DTYPES[args.dtype] not in kernels.DTYPES:
+            ap.error(f"--attention-backend c runs float32 and bfloat16, got --dtype {args.dtype}")
     # Every file first (no weights read): a broken model fails here, in a second, with its name.
     path = check_model(args.model)
     t = time.perf_counter()
