@@ -58,6 +58,7 @@ def cli(capsys, *argv):
     (["--dtype", "int8"], "--dtype: invalid choice: 'int8'"),
     (["--no-such-flag"], "--no-such-flag"),
     (["--dtype", "float16", "--attention-backend", "c"], "--attention-backend c .*float16"),  # it was after the load
+    (["--threads", "100000"], "--threads: 100000 threads is above 1024"),  # libgomp failed, or a Rust panic
 ])
 def test_bad_argument_exits_2_before_any_load(capsys, monkeypatch, argv, named):
     def no_load(*args, **kwargs):

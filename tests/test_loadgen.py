@@ -637,6 +637,14 @@ def test_cli_every_request_failed_exits_1_with_the_first_error(capsys, fake):
     assert "all 2 requests failed" in err[0] and "ConnectError" in err[0]
 
 
+def test_dataset_flags_the_dataset_refuses_exit_2_before_anything_is_sent(capsys, monkeypatch, tokenizer):
+    monkeypatch.setattr("nano_engine.models.loading.load_tokenizer", lambda path=None: tokenizer)
+    monkeypatch.setattr(bench_serve, "measure", lambda *a, **k: pytest.fail("the benchmark ran"))
+    code, _, err = cli(capsys, "--base-url", "http://127.0.0.1:9", "--dataset-name", "prefix_repetition",
+                       "--num-prompts", "10", "--prefix-repetition-prefix-len", "0", "--prefix-repetition-suffix-len", "0")
+    assert code == 2 and err[-1].startswith(PREFIX) and "prefix_repetition_suffix_len" in err[-1], err  # it was exit 1
+
+
 def test_where_the_results_go_is_checked_before_anything_is_sent(capsys, monkeypatch, tmp_path):
     """A --result-filename or --sweep-output in a folder that is not there was found only after the run."""
     monkeypatch.setattr(bench_serve, "measure", lambda *a, **k: pytest.fail("the benchmark ran"))

@@ -199,10 +199,12 @@ def run(ap: argparse.ArgumentParser, args) -> int:
             prefix_repetition_suffix_len=args.prefix_repetition_suffix_len,
             prefix_repetition_num_prefixes=args.prefix_repetition_num_prefixes,
             prefix_repetition_output_len=args.prefix_repetition_output_len)
-    except (OSError, ValueError) as e:
-        if not args.dataset_path:
+    except ValueError as e:  # a dataset's flags that cannot go together, or a --dataset-path file's contents
+        ap.error(f"--dataset-path: {e}" if args.dataset_path else str(e))
+    except OSError as e:
+        if not args.dataset_path:  # the project's own W2 file is missing: not the user's argument
             raise
-        ap.error(f"--dataset-path: {e}")  # the file the user named: a bad argument
+        ap.error(f"--dataset-path: {e}")
     goodput = {k: v for d in args.goodput or [] for k, v in d.items()}
     results = []
     for rate in args.request_rates or [args.request_rate]:

@@ -4,6 +4,7 @@ line on stderr and an exit status (2 for a bad argument, 1 for anything else, 13
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 
@@ -15,6 +16,16 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+MAX_THREADS = 1024  # far above any CPU here; 100,000 made libgomp or the tokenizers' Rust pool crash
+
+
+def thread_count(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"{value} threads is above {MAX_THREADS} (this machine has {os.cpu_count()} CPUs)")
     return value
 
 

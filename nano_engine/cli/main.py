@@ -20,7 +20,7 @@ import math
 import sys
 import time
 
-from .common import add_quantization, check_quantization, guarded, message, positive_int
+from .common import add_quantization, check_quantization, guarded, message, positive_int, thread_count
 
 PROG = "python -m nano_engine"
 
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--pipeline-parallel-size", "-pp", type=positive_int, default=1,
                     help="... or on this many processes, each with a run of the layers (default 1)")
     add_quantization(ap)
-    ap.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice)")
+    ap.add_argument("--threads", type=thread_count, help="torch threads (default: torch's choice)")
     ap.add_argument("--debug", action="store_true", help="print the traceback of a failure")
     return ap
 

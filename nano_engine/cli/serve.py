@@ -20,7 +20,7 @@ import signal
 import socket
 import sys
 
-from .common import add_quantization, check_quantization, guarded, positive_int
+from .common import add_quantization, check_quantization, guarded, positive_int, thread_count
 
 PROG = "python -m nano_engine serve"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "\"kv_connector_extra_config\": {\"shared_storage_path\": \"/tmp/kv\"}}' on the prefill "
                          "server, kv_consumer on the decode server")
     add_quantization(ap)
-    ap.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice)")
+    ap.add_argument("--threads", type=thread_count, help="torch threads (default: torch's choice)")
     ap.add_argument("--uvicorn-log-level", default="info",
                     choices=["critical", "error", "warning", "info", "debug", "trace"])
     ap.add_argument("--debug", action="store_true", help="print the traceback of a failure")
