@@ -282,6 +282,22 @@ def test_a_bad_gguf_file_is_refused_naming_it_before_dequantizing(tmp_path, monk
     refused(lambda: loading.load_checkpoint(path), path, "rope_freqs.weight")
 
 
+def test_a_cache_folder_that_cannot_be_written_is_named_with_its_variable(tmp_path, monkeypatch):
+    write_gguf(tmp_path / "tiny.gguf", "qwen2")
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("NANO_ENGINE_CACHE", str(tmp_path / "a-file"))  # NotADirectoryError from deep inside
+    refused(lambda: loading.load_checkpoint(tmp_path / "tiny.gguf"), tmp_path / "a-file", "$NANO_ENGINE_CACHE")
+
+
+def test_a_gguf_the_reader_cannot_map_says_what_the_reader_said(tmp_path, monkeypatch):
+    write_gguf(tmp_path / "tiny.gguf", "qwen2")
+
+    def unknown(path):
+        raise ValueError("99 is not a valid GGMLQuantizationType")
+    monkeypatch.setattr(gguf_py, "GGUFReader", unknown)
+    refused(lambda: gguf.open_gguf(tmp_path / "tiny.gguf"), tmp_path / "tiny.gguf", "99 is not a valid")
+
+
 def test_a_tensor_that_does_not_dequantize_is_named(tmp_path, monkeypatch):
     write_gguf(tmp_path / "tiny.gguf", "qwen2")
 

@@ -57,8 +57,9 @@ def open_gguf(path: pathlib.Path):
     except Exception as e:
         # gguf maps every tensor when it opens a file, so a file cut anywhere fails here, with
         # a numpy message ("cannot reshape array ...") that does not say what happened.
+        why = " ".join(str(e).split())[:160]  # a tensor type this gguf does not know says so here
         raise ModelLoadError(f"{path}: truncated or damaged ({size} bytes): the gguf reader "
-                             f"cannot map its tensors") from e
+                             f"cannot map its tensors ({type(e).__name__}: {why})") from e
     arch = _field(reader, "general.architecture")
     if arch not in ARCHITECTURES:
         raise ModelLoadError(f"{path}: GGUF architecture {arch!r} is not supported "

@@ -122,8 +122,12 @@ def _publish(write, final: pathlib.Path, last: str) -> None:
     Renames are atomic and ``last`` goes last: a reader that sees ``last`` sees every file
     whole, an interrupted write leaves none, and two writers at once (pytest -n 2) merely
     replace identical files."""
-    final.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
+    try:
+        final.mkdir(parents=True, exist_ok=True)
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
+    except OSError as e:
+        raise ModelLoadError(f"{final.parent}: the cache folder ($NANO_ENGINE_CACHE, default ~/.cache/nano_engine) "
+                             f"cannot be written: {e.strerror or e}") from None
     try:
         write(tmp)
         names = sorted(p.name for p in tmp.iterdir())
