@@ -425,6 +425,10 @@ def test_check_model_reads_no_weights(tmp_path, monkeypatch):
     (tmp_path / "hf" / "model.safetensors").write_bytes(b"")
     refused(lambda: loading.check_model(tmp_path / "hf", tokenizer=False), tmp_path / "hf" / "model.safetensors",
             "empty")
+    (tmp_path / "hf" / "model.safetensors").unlink()
+    (tmp_path / "hf" / "model.safetensors").mkdir()  # a folder by that name: no weights (an IsADirectoryError before)
+    refused(lambda: loading.check_model(tmp_path / "hf", tokenizer=False), tmp_path / "hf", "no weights",
+            error=ModelNotFoundError)
 
 
 # ----- config.json and the other files of a folder (files.py) -----

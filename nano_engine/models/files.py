@@ -163,7 +163,7 @@ def weight_files(folder: pathlib.Path) -> list[pathlib.Path]:
             if not file.is_file():
                 raise ModelNotFoundError(f"{index}: lists {file.name}, which is not in {folder}")
     else:
-        files = sorted(folder.glob("*.safetensors"))
+        files = sorted(p for p in folder.glob("*.safetensors") if p.is_file())  # a folder so named is no weight file
     if not files:
         others = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".gguf"))
         hint = (f" (there is {others[0]}: the engine reads *.safetensors in a folder, "
