@@ -157,14 +157,9 @@ def served_name(args) -> str:
 
 def run(ap: argparse.ArgumentParser, args) -> int:
     import torch
-    import uvicorn
 
-    from ..serving.async_llm import AsyncLLM
-    from ..engine import LLMEngine
     from ..kernels.linear import NEEDS, can_prepack
-    from ..models.loading import DTYPES, check_model, load_tokenizer
-    from ..mini_llm import Transformer
-    from ..serving.server import build_app
+    from ..models.loading import DTYPES
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -182,6 +177,22 @@ def run(ap: argparse.ArgumentParser, args) -> int:
             ap.error(f"--attention-backend c runs float32 and bfloat16, got --dtype {args.dtype}")
         kernels.build()  # before the model loads: a missing compiler fails in a second, by name
     sock = bind(ap, args.host, args.port)  # before the model loads, as vLLM's setup_server does
+    try:
+        return _serve(ap, args, config, sock)
+    finally:
+        sock.close()
+
+
+def _serve(ap: argparse.ArgumentParser, args, config, sock: socket.socket) -> int:
+    """Load the model (in the engine thread) and serve on `sock` until Ctrl-C or SIGTERM."""
+    import uvicorn
+
+    from ..engine import LLMEngine
+    from ..mini_llm import Transformer
+    from ..models.loading import check_model, load_tokenizer
+    from ..serving.async_llm import AsyncLLM
+    from ..serving.server import build_app
+
     path = check_model(args.model)
 
     def make_engine() -> LLMEngine:  # run in the engine thread: it alone runs torch (AsyncLLM)
@@ -206,7 +217,6 @@ def run(ap: argparse.ArgumentParser, args) -> int:
         server.run(sockets=[sock])
     finally:
         llm.shutdown()
-        sock.close()
     return 0
 
 
