@@ -69,6 +69,7 @@ MUTANT_PHRASES = {
     "132_failed_counted_in_throughput.py": "failed requests are counted in `failed` and left out",
     "132_goodput_strictly_below_slo.py": "value <= the SLO",
     "132_duration_from_first_start.py": "the duration you are given",
+    "132_itl_pools_failed_requests.py": "a failed one is left out, even when chunks came",
 }
 
 def _declared_phrases() -> dict[str, str]:
@@ -127,7 +128,8 @@ def test_every_mutant_file_is_checked():
 
 @pytest.mark.parametrize("name", sorted(MUTANT_PHRASES))
 def test_mutant_fails_with_a_message_naming_its_mistake(name):
-    result = grade(int(name[:3]), MUTANTS / name, exitfirst=True)
+    # a learner's case has 5 s; here the message is the point, and a busy machine must not turn it into a timeout
+    result = grade(int(name[:3]), MUTANTS / name, exitfirst=True, timeout=60)
     failed = [c for c in result.cases if c.status == "fail"]
     assert failed, result.report()
     first = "\n".join(failed[0].format())

@@ -48,8 +48,9 @@ def hand() -> list[R]:
 
 
 def hand_with_failure() -> list[R]:
-    return hand() + [R(start=2.5, chunk_times=[], end=2.625, prompt_tokens=100, output_tokens=0,
-                       success=False, error="HTTP 500")]
+    """A-B-C, and a request whose stream was cut after two chunks: failed, its gaps in no figure."""
+    return hand() + [R(start=2.5, chunk_times=[2.75, 3.75], end=3.75, prompt_tokens=100, output_tokens=0,
+                       success=False, error="the stream ended before data: [DONE]")]
 
 
 def all_failed() -> list[R]:
@@ -110,9 +111,10 @@ def _close(want, got) -> bool:
 
 
 def _show(r: R) -> str:
-    if not r.success:
-        return f"start {r.start:g}, end {r.end:g}, prompt {r.prompt_tokens}, FAILED ({r.error})"
     chunks = ", ".join(f"{c:g}" for c in r.chunk_times)
+    if not r.success:
+        got = f"chunks [{chunks}], " if chunks else ""
+        return f"start {r.start:g}, {got}end {r.end:g}, prompt {r.prompt_tokens}, FAILED ({r.error})"
     return f"start {r.start:g}, chunks [{chunks}], end {r.end:g}, prompt {r.prompt_tokens}, output {r.output_tokens}"
 
 
@@ -135,7 +137,8 @@ KEY_HINTS = [  # (part of a key, hint): the first that matches the key that diff
     ("failed", "completed counts the successful requests, failed the others"),
     ("tpot", "TPOT = (E2EL - TTFT) / (output_tokens - 1), taken over the requests of 2 or more output tokens "
              "only; an empty list reads as 0"),
-    ("itl", "pool the chunk gaps of all requests into one list (a long request weighs more), then take statistics"),
+    ("itl", "pool the chunk gaps of all successful requests into one list (a long request weighs more; a failed "
+            "one is left out, even when chunks came before it failed), then take statistics"),
     ("std", "std is the population std (numpy's default, ddof=0)"),
     ("_ms", "statistics are in milliseconds; percentiles interpolate linearly, as numpy.percentile"),
 ]
@@ -209,7 +212,13 @@ def check_per_request(name, fn, traces):
 
 
 def compare_percentile(api, values, p, shown=None):
-    want, got = float(np.percentile(values, p)), api.percentile(list(values), p)
+    given = list(values)
+    want, got = float(np.percentile(values, p)), api.percentile(given, p)
+    if given != list(values):
+        raise Mismatch(f"percentile({values if shown is None else shown}, {p})",
+                       f"  expected the list unchanged, {list(values)}", f"  got {given}",
+                       "hint: sort a copy (sorted(values)), not the caller's list (values.sort()): calculate_metrics "
+                       "and its callers still read theirs in the order it came")
     if not _close(want, got):
         raise Mismatch(f"percentile({values if shown is None else shown}, {p})",
                        f"  expected  {want!r}", f"  got       {got!r}",
@@ -262,9 +271,10 @@ def request(draw, unit: int, first: int, pace: int) -> R:
     start = draw(st.integers(0, 3 * unit))
     t = lambda k: k / unit  # noqa: E731
     prompt = draw(st.integers(0, 500))
-    if draw(st.integers(0, 5)) == 5:
-        return R(start=t(start), chunk_times=[], end=t(start + draw(st.integers(0, unit))), prompt_tokens=prompt,
-                 output_tokens=0, success=False, error="Connection reset")
+    if draw(st.integers(0, 5)) == 5:  # failed, perhaps after some chunks (a stream cut short)
+        cut = sorted(start + k for k in draw(st.lists(st.integers(0, unit), max_size=2)))
+        return R(start=t(start), chunk_times=[t(c) for c in cut], end=t((cut or [start])[-1] + draw(st.integers(0, unit))),
+                 prompt_tokens=prompt, output_tokens=0, success=False, error="Connection reset")
     tokens = draw(st.integers(1, 8))
     gaps = draw(st.lists(_steady(pace, _gap(unit)), max_size=tokens - 1))
     chunks = [start + draw(_steady(first, st.integers(0, unit)))]

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from model_126 import apply_rope  # noqa: E402, F401
 
 EXPECTED_HINT = "a finite mask value (-1e4, even -1e9) can lose to scores this large"
-EXPECTED_CASE = "attention_random_"
+EXPECTED_CASE = "attention_scores_of_1e10_beat_any_finite_mask"
 
 
 def attention(q, k, v, num_cached):
