@@ -170,18 +170,4 @@ class ServingMetrics:
             self._last_token[out.request_id] = last
 
     def render(self) -> bytes:
-        return generate_latest(_WithoutCreated(self.registry))
-
-
-class _WithoutCreated:
-    """A registry's metrics without the `*_created` sample prometheus_client adds to each counter and
-    histogram: vLLM's /metrics (a multiprocess registry, `vllm/v1/metrics/prometheus.py`) has none, and
-    they double the series. prometheus_client's own switch (disable_created_metrics) is process-wide."""
-
-    def __init__(self, registry: CollectorRegistry):
-        self.registry = registry
-
-    def collect(self):
-        for family in self.registry.collect():  # fresh objects on every scrape: safe to trim
-            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
-            yield family
+        return generate_latest(self.registry)
