@@ -255,11 +255,12 @@ def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
     """One token per row of logits (rows, V), each row by its own parameters, generator and history."""
     params, generators, eos_token_ids = metadata.params, metadata.generators, metadata.eos_token_ids
     rows = len(params)
-    if metadata.grammars is not None:  # structured output: what the grammar forbids is gone before anything else
+    grammars = any(g is not None for g in metadata.grammars or ())  # one pass over the rows, used twice
+    if grammars:  # structured output: what the grammar forbids is gone before anything else
         logits = apply_grammar(logits, metadata.grammars)
     if all(p.greedy and not needs_history(p) for p in params):
         tokens = logits.argmax(-1).tolist()  # one call for the common case
-        if any(g is not None for g in metadata.grammars or ()):  # only a grammar can leave a row empty here
+        if grammars:  # only a grammar can leave a row empty here
             tokens = [t if ok else None for t, ok in zip(tokens, has_token(logits).tolist())]
         return SamplerOutput(tokens, [None] * rows)
     prompt_ids = metadata.prompt_ids if metadata.prompt_ids is not None else [()] * rows
